@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: real compilation, the tests on the GPU, the self-check on the
+# GLM-5 EP8 layer, and the kernel benchmark. Results land in $OUT (or ./device_out).
+# The machine has no package registry: the package is laid out by copying, pytest comes as wheels (.whl).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+PKG=/tmp/pkg; rm -rf "$PKG"; mkdir -p "$PKG"
+cp -r sglang_glm5 "$PKG/" && cp -r kernels "$PKG/sglang_glm5/kernels"
+export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c "import pytest" 2>/dev/null && [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+STEPS=${STEPS:-tests,selfcheck,bench}
+rc=0
+if [[ $STEPS == *tests* ]]; then
+  SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_moe.py tests/test_nvfp4.py 2>&1 \
+    | tee "$OUT/pytest_cuda.log" | tail -15 || rc=1
+fi
+if [[ $STEPS == *selfcheck* ]]; then
+  python3 -m sglang_glm5.cli selfcheck --tokens 1,7,64,512 2>&1 | tee "$OUT/selfcheck.log" || rc=1
+fi
+if [[ $STEPS == *bench* ]]; then
+  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench.log" || rc=1
+fi
+exit $rc

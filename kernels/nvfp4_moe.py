@@ -1,0 +1,240 @@
+"""Triton kernels of the NVFP4 (W4A16) fused-MoE path.
+
+Data flow (P = T * top_k (token, slot) pairs, sorted by expert on the host side into blocks of
+BLOCK_M pairs that share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
+
+    gemm1:  h[p, :]   = silu(x[p // k] @ Wg[e]^T) * (x[p // k] @ Wu[e]^T)          -> [P, I]
+    gemm2:  y[p, :]   = topk_weight[p] * (h[p] @ W2[e]^T)                          -> [P, H]
+    reduce: out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]  -> [T, H]
+
+Weights stay NVFP4 in memory and are decoded in registers. Each packed byte holds elements 2i
+(low nibble) and 2i+1 (high nibble) of a row; instead of interleaving the two nibbles back into
+one [BLOCK_N, BLOCK_K] tile, each K step does two half-width dots: even K columns of the
+activations against the low nibbles, odd against the high ones (a dot product does not care in
+which order K is summed).
+
+Decode: a nibble's bits are placed into an fp16 (exponent bits 2-1 -> 11-10, mantissa bit 0 -> 9,
+sign -> 15), which is exactly e2m1 * 2^-14, subnormals included. An e4m3 scale byte placed into an
+fp16 the same way ((b & 0x7f) << 7, sign -> 15) is exactly scale * 2^-8. Both powers of two are
+folded into the per-expert global scale in the epilogue (``DECODE_UNSCALE`` = 2^22).
+
+``INTERPRETER`` works around two faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
+CPU tests): it computes bf16 dots wrongly (triton issue #11584), so both dot operands are upcast to
+fp32; and its fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand.
+"""
+
+import triton
+import triton.language as tl
+
+# e2m1 decoded as value * 2^-14 and e4m3 scales as value * 2^-8: undo both in the epilogue.
+DECODE_UNSCALE = 2.0**22
+
+
+@triton.jit
+def _e2m1_nibble_to_f32(nib):
+    """int32 nibbles (0..15) -> fp32 e2m1 value * 2^-14."""
+    bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_byte_to_f32(b):
+    """int32 e4m3 bytes -> fp32 value * 2^-8 (subnormals exact)."""
+    bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
+    """fp32 -> dtype, round to nearest even (by hand for bf16 in the interpreter)."""
+    if INTERPRETER and dtype == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(dtype)
+
+
+@triton.jit
+def _nvfp4_tile(
+    w_rows_ptr,  # [BLOCK_N] pointers to the first packed byte of each weight row
+    s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
+    byte_offs,  # [BLOCK_K // 2] packed-byte offsets along K for this step
+    mask,  # [BLOCK_N, BLOCK_K // 2]
+    OPERAND_DTYPE: tl.constexpr,
+):
+    """Load and decode one weight tile; returns (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2]."""
+    packed = tl.load(w_rows_ptr[:, None] + byte_offs[None, :], mask=mask, other=0).to(tl.int32)
+    # One e4m3 scale per 16 elements = per 8 packed bytes.
+    sbyte = tl.load(s_rows_ptr[:, None] + (byte_offs // 8)[None, :], mask=mask, other=0).to(tl.int32)
+    scale = _e4m3_byte_to_f32(sbyte)
+    lo = (_e2m1_nibble_to_f32(packed & 0xF) * scale).to(OPERAND_DTYPE)
+    hi = (_e2m1_nibble_to_f32(packed >> 4) * scale).to(OPERAND_DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def nvfp4_moe_gemm1_kernel(
+    x_ptr,  # [T, H] bf16/fp16 hidden states
+    w_ptr,  # [E, 2I, H/2] uint8, packed e2m1
+    ws_ptr,  # [E, 2I, H/16] uint8, e4m3 block scales (linear layout)
+    wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
+    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
+    block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
+    h_ptr,  # [P, I] output, dtype of x
+    num_pairs,  # P = T * top_k
+    top_k,
+    inter_size,  # I
+    hidden_size,  # H (the K of this GEMM)
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_gsg,  # 0 when one global scale serves gate and up
+    stride_ht,
+    gate_row0,  # first w13 row of the gate half: 0 ("gate_up") or I ("up_gate")
+    up_row0,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    operand_dtype = tl.float32 if INTERPRETER else x_ptr.dtype.element_ty
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < inter_size
+    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_se
+    wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
+    wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
+    sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
+    su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
+
+    x_rows = x_ptr + token * stride_xt
+    offs_b = tl.arange(0, BLOCK_K // 2)  # packed-byte index within the K step
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden_size, BLOCK_K):
+        byte_offs = k0 // 2 + offs_b
+        k_ok = byte_offs < hidden_size // 2
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        x_even = tl.load(x_rows[:, None] + 2 * byte_offs[None, :], mask=x_mask, other=0.0).to(operand_dtype)
+        x_odd = tl.load(x_rows[:, None] + 2 * byte_offs[None, :] + 1, mask=x_mask, other=0.0).to(operand_dtype)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, byte_offs, w_mask, operand_dtype)
+        acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
+        acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
+        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, byte_offs, w_mask, operand_dtype)
+        acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u)
+        acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u)
+
+    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 4194304.0  # DECODE_UNSCALE = 2^22
+    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 4194304.0
+    gate = acc_g * gs_gate
+    up = acc_u * gs_up
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[:, None] * stride_ht + offs_n[None, :]
+    tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def nvfp4_moe_gemm2_kernel(
+    h_ptr,  # [P, I] bf16/fp16, output of gemm1
+    w_ptr,  # [E, H, I/2] uint8, packed e2m1
+    ws_ptr,  # [E, H, I/16] uint8, e4m3 block scales (linear layout)
+    wgs_ptr,  # [E] fp32 global scales
+    topk_weights_ptr,  # [P] fp32, flattened [T, k]
+    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
+    block_expert_ptr,  # [num_blocks] int32, -1 = no work
+    y_ptr,  # [P, H] output, dtype of h
+    num_pairs,
+    hidden_size,  # H (the N of this GEMM)
+    inter_size,  # I (the K of this GEMM)
+    stride_ht,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_yt,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    operand_dtype = tl.float32 if INTERPRETER else h_ptr.dtype.element_ty
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = pair < num_pairs
+    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hidden_size
+    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
+    s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
+
+    h_rows = h_ptr + pair_safe * stride_ht
+    offs_b = tl.arange(0, BLOCK_K // 2)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter_size, BLOCK_K):
+        byte_offs = k0 // 2 + offs_b
+        k_ok = byte_offs < inter_size // 2
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        a_even = tl.load(h_rows[:, None] + 2 * byte_offs[None, :], mask=a_mask, other=0.0).to(operand_dtype)
+        a_odd = tl.load(h_rows[:, None] + 2 * byte_offs[None, :] + 1, mask=a_mask, other=0.0).to(operand_dtype)
+        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, byte_offs, n_ok[:, None] & k_ok[None, :], operand_dtype)
+        acc = tl.dot(a_even, tl.trans(w_lo), acc)
+        acc = tl.dot(a_odd, tl.trans(w_hi), acc)
+
+    gs = tl.load(wgs_ptr + expert) * 4194304.0  # DECODE_UNSCALE = 2^22
+    route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
+    y = acc * (gs * route_w[:, None])
+    y_ptrs = y_ptr + pair_safe[:, None] * stride_yt + offs_n[None, :]
+    tl.store(y_ptrs, _round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_sum_kernel(
+    y_ptr,  # [T * k, H] per-pair outputs (rows of invalid slots are never written)
+    topk_ids_ptr,  # [T * k] int32/int64, valid when 0 <= id < num_experts
+    out_ptr,  # [T, H]
+    hidden_size,
+    num_experts,
+    stride_yt,
+    stride_ot,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """out[t] = sum of y over the valid slots of token t, in fp32, slots in order (deterministic)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs < hidden_size
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        eid = tl.load(topk_ids_ptr + t * TOP_K + j)
+        valid = (eid >= 0) & (eid < num_experts)
+        y = tl.load(y_ptr + (t * TOP_K + j) * stride_yt + offs, mask=h_ok & valid, other=0.0)
+        acc += y.to(tl.float32)
+    tl.store(out_ptr + t * stride_ot + offs, _round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)

@@ -1,0 +1,174 @@
+"""Kernel benchmark: our NVFP4 MoE op against bf16 and dequantize-then-bf16 grouped GEMMs.
+
+Runs on the local GPU. For each m (tokens per expert, routing balanced so every local expert gets
+exactly m pairs) it times, with CUDA events (``triton.testing.do_bench``, median):
+
+- ``nvfp4_triton``: ``sglang_glm5.moe.nvfp4_fused_moe``, everything included (routing sort,
+  both GEMMs, SiLU, top-k sum);
+- ``bf16_grouped_mm``: torch ``_grouped_mm`` on bf16 weights, pairs already sorted by expert
+  (GEMM1, SiLU * up, GEMM2): what the same layer costs with BF16 weights;
+- ``dequant_grouped_mm``: NVFP4 weights dequantized to bf16 in torch, then the same ``_grouped_mm``:
+  the naive NVFP4 path;
+- ``floor``: NVFP4 weight bytes over the device-to-device copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from sglang_glm5.shapes import MoeShape
+
+
+@dataclass
+class BenchRow:
+    shape: str
+    m: int  # tokens per expert
+    tokens: int
+    ms_nvfp4: float
+    ms_bf16: float | None
+    ms_dequant: float | None
+    ms_floor: float
+    rel_err_vs_bf16: float  # ||ours - bf16 path|| / ||bf16 path||
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    import triton.testing
+
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def _balanced_routing(shape: MoeShape, m: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """T tokens whose T*k pairs give every local expert exactly m pairs (distinct experts per token)."""
+    num_pairs = m * shape.num_experts
+    if num_pairs % shape.top_k:
+        raise ValueError(f"m={m}: m * E must be a multiple of top_k={shape.top_k}")
+    tokens = num_pairs // shape.top_k
+    pair = torch.arange(num_pairs, device="cuda")
+    # A random permutation of experts per m-group keeps each token's k experts distinct.
+    perm = torch.randperm(shape.num_experts, generator=gen, device="cuda")
+    ids = perm[pair % shape.num_experts].view(tokens, shape.top_k).to(torch.int32)
+    weights = torch.rand(tokens, shape.top_k, generator=gen, device="cuda") + 0.1
+    return weights.float(), ids, tokens
+
+
+def _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter):
+    """bf16 grouped MoE on pre-sorted pairs: x_sorted [P, H], w13_t [E, H, 2I], w2_t [E, I, H]."""
+    gu = torch._grouped_mm(x_sorted, w13_t, offs=offs)
+    h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+    return torch._grouped_mm(h, w2_t, offs=offs)
+
+
+def _dequant_grouped_mm_moe(dequant_all, x_sorted, offs, inter):
+    w13_t, w2_t = dequant_all()
+    return _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter)
+
+
+def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = True) -> tuple[list[BenchRow], float]:
+    import triton.testing
+
+    from sglang_glm5 import nvfp4
+    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.testing import random_layer
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    bw = copy_bandwidth()
+    layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
+    floor_ms = shape.weight_bytes / bw * 1e3
+
+    def dequant_all():
+        g13 = layer.w13_scale_2.reshape(shape.num_experts, -1)
+        w13 = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0, torch.float32)
+        w13[:, : shape.inter] *= g13[:, :1, None]
+        w13[:, shape.inter :] *= g13[:, -1:, None]
+        w2 = nvfp4.dequantize(layer.w2, layer.w2_scale, 1.0, torch.float32) * layer.w2_scale_2[:, None, None]
+        return w13.bfloat16().transpose(1, 2), w2.bfloat16().transpose(1, 2)
+
+    w13_t, w2_t = dequant_all() if with_baselines else (None, None)  # [E, H, 2I], [E, I, H] views
+    rows = []
+    for m in ms:
+        weights, ids, tokens = _balanced_routing(shape, m, gen)
+        x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
+        args = (x, *layer.args(), weights, ids)
+        out = nvfp4_fused_moe(*args)
+        t_ours = triton.testing.do_bench(partial(nvfp4_fused_moe, *args), warmup=25, rep=200, return_mode="median")
+        t_bf16 = t_deq = None
+        err = float("nan")
+        if with_baselines:
+            order = torch.argsort(ids.reshape(-1), stable=True)
+            x_sorted = x[order // shape.top_k]
+            offs = torch.cumsum(torch.bincount(ids.reshape(-1).long(), minlength=shape.num_experts), 0).to(torch.int32)
+            bf16 = partial(_grouped_mm_moe, x_sorted, w13_t, w2_t, offs, shape.inter)
+            t_bf16 = triton.testing.do_bench(bf16, warmup=25, rep=200, return_mode="median")
+            naive = partial(_dequant_grouped_mm_moe, dequant_all, x_sorted, offs, shape.inter)
+            t_deq = triton.testing.do_bench(naive, warmup=5, rep=50, return_mode="median")
+            y = _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, shape.inter).float()
+            y = y * weights.reshape(-1)[order, None]
+            ref = torch.zeros(tokens, shape.hidden, device="cuda").index_add_(0, order // shape.top_k, y)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+        rows.append(BenchRow(str(shape), m, tokens, t_ours, t_bf16, t_deq, floor_ms, err))
+        print(_fmt_row(rows[-1], shape), flush=True)
+    return rows, bw
+
+
+HEADER = (
+    "| m | T | nvfp4_triton ms | bf16 _grouped_mm ms | dequant+_grouped_mm ms | floor ms | ours/floor "
+    "| bf16/ours | GB/s | TFLOP/s | rel err vs bf16 path |"
+)
+
+
+def _fmt_row(r: BenchRow, shape: MoeShape) -> str:
+    flops = 2 * r.m * shape.num_experts * 3 * shape.hidden * shape.inter
+    gbps = shape.weight_bytes / (r.ms_nvfp4 * 1e-3) / 1e9
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    speedup = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_nvfp4:.2f}x"
+    return (
+        f"| {r.m} | {r.tokens} | {r.ms_nvfp4:.3f} | {f(r.ms_bf16)} | {f(r.ms_dequant)} | {r.ms_floor:.3f} "
+        f"| {r.ms_nvfp4 / r.ms_floor:.2f}x | {speedup} | {gbps:.0f} | {flops / (r.ms_nvfp4 * 1e-3) / 1e12:.1f} "
+        f"| {r.rel_err_vs_bf16:.1e} |"
+    )
+
+
+def environment() -> dict[str, str]:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def write_results(out_dir: Path, name: str, shapes_rows: dict[MoeShape, list[BenchRow]], bw: float) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    payload = {
+        "environment": env,
+        "copy_bandwidth_GBps": bw / 1e9,
+        "results": {str(s): [asdict(r) for r in rows] for s, rows in shapes_rows.items()},
+    }
+    (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    lines = [f"# {name}", "", *(f"- {k}: `{v}`" for k, v in env.items()), f"- copy bandwidth: {bw / 1e9:.0f} GB/s", ""]
+    for s, rows in shapes_rows.items():
+        lines += [f"## {s} (NVFP4 weights {s.weight_bytes / 1e6:.0f} MB)", "", HEADER, "|---" * 11 + "|"]
+        lines += [_fmt_row(r, s) for r in rows] + [""]
+    md = out_dir / f"{name}.md"
+    md.write_text("\n".join(lines))
+    return md

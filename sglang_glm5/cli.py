@@ -1,0 +1,135 @@
+"""Command line: ``sglang-glm5 selfcheck | ...``. Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
+
+
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    """Run the op on a GLM-5-shaped layer and compare it with the float64 reference."""
+    import torch
+
+    use_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("selfcheck: --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if not use_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first kernel import
+    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.reference import nvfp4_fused_moe_reference
+    from sglang_glm5.shapes import parse_shape
+    from sglang_glm5.testing import random_layer, random_routing
+
+    shape = parse_shape(args.shape or ("glm5-ep8" if use_gpu else "glm5-mini"))
+    device = torch.device("cuda" if use_gpu else "cpu")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    mode = torch.cuda.get_device_name() if use_gpu else "CPU, Triton interpreter"
+    print(f"selfcheck: {shape} on {mode}, seed {seed}")
+    layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, device)
+    failures = 0
+    for num_tokens in args.tokens:
+        x = torch.randn(num_tokens, shape.hidden, generator=gen, device=device).bfloat16()
+        weights, ids = random_routing(num_tokens, shape.num_experts, shape.top_k, gen, device=device)
+        t0 = time.perf_counter()
+        out = nvfp4_fused_moe(x, *layer.args(), weights, ids)
+        if use_gpu:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        ref = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+        rel = ((out.double() - ref).norm() / ref.norm()).item()
+        ok = rel < 1e-2 and bool(torch.isfinite(out).all())
+        failures += not ok
+        print(f"  T={num_tokens:<5d} rel err {rel:.2e}  first call {elapsed * 1e3:8.1f} ms  {'ok' if ok else 'FAIL'}")
+    print("selfcheck: " + ("passed" if not failures else f"{failures} case(s) FAILED (relative error limit 1e-2)"))
+    return 1 if failures else 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Time the op against bf16 and dequantize-then-bf16 grouped GEMMs on the local GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    from sglang_glm5 import bench
+    from sglang_glm5.shapes import parse_shape
+
+    shapes = [parse_shape(s) for s in args.shape]
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    results = {}
+    bw = 0.0
+    for shape in shapes:
+        ms = tuple(m for m in args.m if (m * shape.num_experts) % shape.top_k == 0)
+        print(f"bench: {shape}, seed {seed}\n{bench.HEADER}", flush=True)
+        results[shape], bw = bench.run(shape, ms, seed, with_baselines=not args.no_baselines)
+    md = bench.write_results(Path(args.out), args.name, results, bw)
+    print(f"bench: wrote {md} and {md.with_suffix('.json')}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "selfcheck",
+        help="run the NVFP4 MoE op on a GLM-5-shaped layer and check it against the float64 reference",
+        description="Runs sglang_glm5.moe.nvfp4_fused_moe on random NVFP4 weights and routings and compares it "
+        "with the float64 torch reference. On a GPU the default shape is one GLM-5 layer under 8-way expert "
+        "parallelism (glm5-ep8); without a GPU the kernels run through the Triton interpreter on glm5-mini.",
+    )
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda when present")
+    p.add_argument("--shape", default=None, help="glm5-ep8, glm5-tp8, glm5-mini or E,H,I (default: by device)")
+    p.add_argument("--tokens", type=_int_list, default=[1, 7, 64], help="token counts, comma separated (1,7,64)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    p.set_defaults(func=_cmd_selfcheck)
+
+    p = sub.add_parser(
+        "bench",
+        help="time the NVFP4 MoE op against bf16 and dequantize-then-bf16 grouped GEMMs on the local GPU",
+        description="For each m (tokens per expert, balanced routing) times nvfp4_fused_moe, torch _grouped_mm on "
+        "bf16 weights, and NVFP4 dequantize + _grouped_mm, against the NVFP4 weight-bytes floor at the copy "
+        "bandwidth measured in the same run. Writes NAME.json and NAME.md under --out.",
+    )
+    p.add_argument("--shape", nargs="+", default=["glm5-ep8", "glm5-tp8"], help="shapes (glm5-ep8 glm5-tp8)")
+    p.add_argument("--m", type=_int_list, default=list(DEFAULT_M), help="tokens per expert, comma separated")
+    p.add_argument("--out", default="bench", help="output folder (bench)")
+    p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    p.add_argument("--no-baselines", action="store_true", help="time only our op")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"sglang-glm5 {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The public op: NVFP4 fused mixture-of-experts (W4A16), on Triton kernels.
+
+    T = tokens, H = hidden size, I = intermediate size per expert, E = local experts, k = top-k
+
+``nvfp4_fused_moe`` validates its inputs, sorts the (token, slot) pairs by expert, and launches
+gemm1 (gate/up with fused SiLU * up), gemm2 (down projection times the routing weight) and a
+deterministic sum over the k slots. The torch reference with the same signature is
+``sglang_glm5.reference.nvfp4_fused_moe_reference``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from sglang_glm5.kernels import nvfp4_moe as _k
+from sglang_glm5.tiles import GemmConfig, MoeConfig, heuristic_config
+
+W13_ORDERS = ("gate_up", "up_gate")
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation: every message names the argument, what was expected and what came.
+
+
+def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape, strict=True)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+
+
+def _check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
+
+
+def _validate(
+    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
+) -> tuple[int, int, int, int, int]:
+    """Returns (T, H, E, I, k) or raises TypeError / ValueError."""
+    _check_tensor("hidden_states", hidden_states, ACTIVATION_DTYPES, (None, None))
+    num_tokens, hidden = hidden_states.shape
+    if hidden % 32:
+        raise ValueError(f"hidden_states: hidden size H must be a multiple of 32, got {hidden}")
+    if hidden_states.stride(1) != 1:
+        raise ValueError(
+            f"hidden_states: rows must be contiguous (stride(1) == 1), got strides {hidden_states.stride()}"
+        )
+
+    _check_tensor("w13", w13, (torch.uint8,), (None, None, hidden // 2))
+    num_experts, two_i, _ = w13.shape
+    if two_i % 2 or (two_i // 2) % 32:
+        raise ValueError(f"w13: dim 1 must be 2*I with I a multiple of 32, got {two_i}")
+    inter = two_i // 2
+    _check_tensor("w13_scale", w13_scale, (torch.float8_e4m3fn,), (num_experts, two_i, hidden // 16))
+    if not isinstance(w13_scale_2, torch.Tensor) or w13_scale_2.dim() not in (1, 2):
+        got = list(w13_scale_2.shape) if isinstance(w13_scale_2, torch.Tensor) else type(w13_scale_2).__name__
+        raise ValueError(f"w13_scale_2: expected shape [{num_experts}] or [{num_experts}, 2], got {got}")
+    _check_tensor(
+        "w13_scale_2", w13_scale_2, (torch.float32,), (num_experts,) + ((2,) if w13_scale_2.dim() == 2 else ())
+    )
+    _check_tensor("w2", w2, (torch.uint8,), (num_experts, hidden, inter // 2))
+    _check_tensor("w2_scale", w2_scale, (torch.float8_e4m3fn,), (num_experts, hidden, inter // 16))
+    _check_tensor("w2_scale_2", w2_scale_2, (torch.float32,), (num_experts,))
+    _check_tensor("topk_weights", topk_weights, (torch.float32,), (num_tokens, None))
+    top_k = topk_weights.shape[1]
+    _check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (num_tokens, top_k))
+    if top_k < 1:
+        raise ValueError("topk_ids: top-k must be at least 1, got 0 columns")
+    for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
+        _check_contiguous(name, t)
+    if w13_order not in W13_ORDERS:
+        raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
+
+    device = hidden_states.device
+    named = (
+        ("w13", w13), ("w13_scale", w13_scale), ("w13_scale_2", w13_scale_2), ("w2", w2),
+        ("w2_scale", w2_scale), ("w2_scale_2", w2_scale_2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
+    )  # fmt: skip
+    for name, t in named:
+        if t.device != device:
+            raise ValueError(f"{name}: expected device {device} (that of hidden_states), got {t.device}")
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"hidden_states: expected a CUDA tensor, got device {device} "
+            "(CPU tensors run only through the Triton interpreter, TRITON_INTERPRET=1)"
+        )
+    return num_tokens, hidden, num_experts, inter, top_k
+
+
+def _check_ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """-1 (expert on another rank) or a local expert id; skipped while a CUDA graph is captured."""
+    if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    bad = (topk_ids < -1) | (topk_ids >= num_experts)
+    if bool(bad.any()):
+        value = int(topk_ids[bad][0])
+        raise ValueError(f"topk_ids: expected values in [-1, {num_experts - 1}] (-1 = not on this rank), got {value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing: (token, slot) pairs sorted by expert into blocks of block_m, without a host sync.
+
+
+def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert.
+
+    Returns (sorted_ids [num_blocks * block_m] int32, block_expert [num_blocks] int32). Pair ids in a
+    block are in increasing order; slots past an expert's count hold P (padding). Blocks past the
+    last used one, and ids outside [0, E), get expert -1. num_blocks is the upper bound
+    floor((P + E * (block_m - 1)) / block_m) + 1, so the sizes never depend on the ids' values.
+    """
+    ids = topk_ids.reshape(-1)
+    num_pairs = ids.numel()
+    device = ids.device
+    valid = (ids >= 0) & (ids < num_experts)
+    key = torch.where(valid, ids, num_experts).to(torch.int64)  # invalid pairs sort last
+    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    blocks_per_expert = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks_per_expert, 0)  # [E], in blocks
+    pair_start = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
+    num_blocks = (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    rank_in_expert = torch.arange(num_pairs, device=device) - pair_start.index_select(
+        0, sorted_key.clamp(max=num_experts - 1)
+    )
+    block_start_rows = (block_end - blocks_per_expert) * block_m
+    dest = block_start_rows.index_select(0, sorted_key.clamp(max=num_experts - 1)) + rank_in_expert
+    dump = num_blocks * block_m  # invalid pairs are written to one extra slot, then cut off
+    dest = torch.where(sorted_key < num_experts, dest, dump)
+    sorted_ids = torch.full((dump + 1,), num_pairs, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_expert = torch.searchsorted(block_end, torch.arange(num_blocks, device=device), right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids[:dump], block_expert
+
+
+# ---------------------------------------------------------------------------------------------
+# The op.
+
+
+def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
+    """The config for this call: the autotune cache when it knows the shape, else the heuristic."""
+    return heuristic_config(num_pairs / max(num_experts, 1))
+
+
+def nvfp4_fused_moe(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_scale_2: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_scale_2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_order: str = "gate_up",
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """NVFP4 mixture of experts: [T, H] hidden states -> [T, H], dtype of hidden_states.
+
+    hidden_states [T, H] bf16/fp16; w13 [E, 2I, H/2] uint8 with w13_scale [E, 2I, H/16] e4m3 (linear
+    layout) and w13_scale_2 [E] or [E, 2] fp32 (gate, up); w2 [E, H, I/2] uint8, w2_scale
+    [E, H, I/16] e4m3, w2_scale_2 [E] fp32; topk_weights [T, k] fp32 (routed scaling included);
+    topk_ids [T, k] int32/int64 local expert ids, -1 = expert not on this rank.
+    w13_order: "gate_up" when w13 rows are [gate; up], "up_gate" when [up; gate].
+    """
+    num_tokens, hidden, num_experts, inter, top_k = _validate(
+        hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
+    )
+    out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    if num_tokens == 0:
+        return out
+    _check_ids_in_range(topk_ids, num_experts)
+    if config is not None and not isinstance(config, MoeConfig):
+        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
+    num_pairs = num_tokens * top_k
+    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, hidden_states.device)
+
+    interpret = interpreting()
+    topk_ids = topk_ids.contiguous()
+    gs13 = w13_scale_2.contiguous()
+    gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
+
+    routes = {bm: align_pairs_by_expert(topk_ids, num_experts, bm) for bm in {cfg.gemm1.block_m, cfg.gemm2.block_m}}
+
+    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=hidden_states.device)
+    _launch_gemm1(hidden_states, w13, w13_scale, gs13, routes[cfg.gemm1.block_m], h, cfg.gemm1, top_k,
+                  gate_row0, up_row0, interpret)  # fmt: skip
+    y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    _launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
+                  routes[cfg.gemm2.block_m], y, cfg.gemm2, interpret)  # fmt: skip
+    block_h = 1024
+    _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        y_ptr=y,
+        topk_ids_ptr=topk_ids,
+        out_ptr=out,
+        hidden_size=hidden,
+        num_experts=num_experts,
+        stride_yt=y.stride(0),
+        stride_ot=out.stride(0),
+        TOP_K=top_k,
+        BLOCK_H=block_h,
+        INTERPRETER=interpret,
+    )
+    return out
+
+
+def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret):
+    num_pairs, inter = h.shape
+    sorted_ids, block_expert = route
+    grid = (block_expert.numel(), triton.cdiv(inter, cfg.block_n))
+    _k.nvfp4_moe_gemm1_kernel[grid](
+        x_ptr=x,
+        w_ptr=w13,
+        ws_ptr=w13_scale.view(torch.uint8),
+        wgs_ptr=gs13,
+        sorted_ids_ptr=sorted_ids,
+        block_expert_ptr=block_expert,
+        h_ptr=h,
+        num_pairs=num_pairs,
+        top_k=top_k,
+        inter_size=inter,
+        hidden_size=x.shape[1],
+        stride_xt=x.stride(0),
+        stride_we=w13.stride(0),
+        stride_wn=w13.stride(1),
+        stride_se=w13_scale.stride(0),
+        stride_sn=w13_scale.stride(1),
+        stride_gse=gs13.stride(0),
+        stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0,
+        stride_ht=h.stride(0),
+        gate_row0=gate_row0,
+        up_row0=up_row0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        INTERPRETER=interpret,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret):
+    num_pairs, hidden = y.shape
+    sorted_ids, block_expert = route
+    grid = (block_expert.numel(), triton.cdiv(hidden, cfg.block_n))
+    _k.nvfp4_moe_gemm2_kernel[grid](
+        h_ptr=h,
+        w_ptr=w2,
+        ws_ptr=w2_scale.view(torch.uint8),
+        wgs_ptr=gs2,
+        topk_weights_ptr=topk_weights_flat,
+        sorted_ids_ptr=sorted_ids,
+        block_expert_ptr=block_expert,
+        y_ptr=y,
+        num_pairs=num_pairs,
+        hidden_size=hidden,
+        inter_size=h.shape[1],
+        stride_ht=h.stride(0),
+        stride_we=w2.stride(0),
+        stride_wn=w2.stride(1),
+        stride_se=w2_scale.stride(0),
+        stride_sn=w2_scale.stride(1),
+        stride_yt=y.stride(0),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        INTERPRETER=interpret,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )

@@ -1,0 +1,42 @@
+"""Per-GPU MoE layer shapes of GLM-5 (256 routed experts, top-8, hidden 6144, expert I 2048)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    num_experts: int  # E, local experts on one GPU
+    hidden: int  # H
+    inter: int  # I, intermediate size of one expert on one GPU
+    top_k: int = 8
+
+    @property
+    def weight_bytes(self) -> int:
+        """NVFP4 bytes of all local experts: packed e2m1 plus one e4m3 scale per 16 elements."""
+        elements = self.num_experts * 3 * self.hidden * self.inter
+        return elements // 2 + elements // 16
+
+    def __str__(self) -> str:
+        return f"E={self.num_experts},H={self.hidden},I={self.inter},k={self.top_k}"
+
+
+SHAPES = {
+    "glm5-ep8": MoeShape(num_experts=32, hidden=6144, inter=2048),  # 8-way expert parallel
+    "glm5-tp8": MoeShape(num_experts=256, hidden=6144, inter=256),  # 8-way tensor parallel
+    "glm5-mini": MoeShape(num_experts=8, hidden=256, inter=128),  # GLM-5-like, small enough for the interpreter
+}
+
+
+def parse_shape(text: str) -> MoeShape:
+    """A name from SHAPES, or 'E,H,I' (top-k 8)."""
+    if text in SHAPES:
+        return SHAPES[text]
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"shape: expected one of {', '.join(SHAPES)} or 'E,H,I' (three integers), got {text!r}")
+    e, h, i = (int(p) for p in parts)
+    if h % 32 or i % 32 or e < 1:
+        raise ValueError(f"shape: H and I must be multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
+    return MoeShape(e, h, i)

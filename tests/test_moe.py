@@ -1,0 +1,202 @@
+"""The public op against the float64 reference, through the Triton interpreter on the CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from sglang_glm5.moe import align_pairs_by_expert, nvfp4_fused_moe
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    num_tokens: int
+    num_experts: int = 8
+    hidden: int = 256
+    inter: int = 128
+    top_k: int = 8
+    remote_fraction: float = 0.0  # slots routed to experts on other ranks (-1)
+    routing: str = "random"  # "random" | "one_expert" | "few_experts"
+    w13_order: str = "gate_up"
+    dtype: torch.dtype = torch.bfloat16
+    scale_2_per_half: bool = True  # w13_scale_2 [E, 2] (else [E])
+    config: MoeConfig | None = None
+
+
+def _cfg(bm, bn, bk):
+    c = GemmConfig(block_m=bm, block_n=bn, block_k=bk)
+    return MoeConfig(c, c)
+
+
+CASES = [
+    Case(1, top_k=2),  # a single decode token
+    Case(3, top_k=4),  # fewer pairs than experts: most experts get no token
+    Case(17, top_k=8),  # odd token count, every slot used, blocks partly padded
+    Case(64, top_k=8),  # a block_m=64 heuristic tile
+    Case(17, top_k=8, remote_fraction=0.4),  # expert parallelism: -1 ids dropped
+    Case(5, top_k=2, remote_fraction=1.0),  # a rank with no local pair at all: output is zero
+    Case(33, top_k=1, routing="one_expert"),  # all tokens on one expert: several blocks of one expert
+    Case(20, top_k=2, routing="few_experts"),  # experts with zero tokens between busy ones
+    Case(17, top_k=4, w13_order="up_gate"),  # w13 rows [up; gate] (flashinfer_cutlass loading order)
+    Case(9, top_k=3, dtype=torch.float16),  # fp16 activations
+    Case(9, top_k=3, scale_2_per_half=False),  # one global scale for gate and up
+    Case(11, num_experts=5, hidden=96, inter=160, top_k=3),  # K not a multiple of block_k (masked tail)
+    Case(40, top_k=4, config=_cfg(32, 32, 64)),  # an explicit config, N split in several tiles
+    Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 32), GemmConfig(64, 128, 64))),  # gemm-specific tiles
+]
+
+
+def _routing(case: Case, gen: torch.Generator):
+    weights, ids = random_routing(
+        case.num_tokens, case.num_experts, case.top_k, gen, remote_fraction=case.remote_fraction
+    )
+    if case.routing == "one_expert":
+        ids[:] = 3
+    elif case.routing == "few_experts":
+        ids = torch.where(ids % 3 == 0, ids, (ids // 3) * 3).to(torch.int32)
+        ids[:, 1] = torch.where(ids[:, 0] == 6, 0, 6)  # two distinct experts per token
+    return weights, ids
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"T{c.num_tokens}-E{c.num_experts}-H{c.hidden}-I{c.inter}-k{c.top_k}"
+)
+def test_matches_float64_reference(case: Case, gen, device):
+    layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
+    w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2 = layer.args()
+    if case.w13_order == "up_gate":
+        inter = case.inter
+        w13 = torch.cat([w13[:, inter:], w13[:, :inter]], dim=1)
+        w13_scale = torch.cat([w13_scale[:, inter:], w13_scale[:, :inter]], dim=1)
+    if not case.scale_2_per_half:
+        w13_scale_2 = w13_scale_2[:, 0].contiguous()
+    x = torch.randn(case.num_tokens, case.hidden, generator=gen).to(case.dtype)
+    weights, ids = _routing(case, gen)
+    args = (x, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, weights, ids)
+
+    out = nvfp4_fused_moe(*(a.to(device) for a in args), w13_order=case.w13_order, config=case.config)
+    ref = nvfp4_fused_moe_reference(*args, w13_order=case.w13_order)
+
+    assert out.dtype == case.dtype and out.shape == (case.num_tokens, case.hidden)
+    out = out.cpu().double()
+    assert torch.isfinite(out).all()
+    if ref.norm() == 0:  # no local pair: exactly zero
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    rel = ((out - ref).norm() / ref.norm()).item()
+    rms_rel = ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+    max_rel = ((out - ref).abs().max() / ref.abs().max()).item()
+    assert rel < 1e-2, f"relative error {rel:.2e} (rms {rms_rel:.2e}, max {max_rel:.2e})"
+    assert max_rel < 3e-2, f"max relative error {max_rel:.2e}"
+
+
+def test_deterministic(gen, device):
+    layer = random_layer(8, 128, 64, gen)
+    x = torch.randn(24, 128, generator=gen).bfloat16()
+    weights, ids = random_routing(24, 8, 4, gen)
+    args = [a.to(device) for a in (x, *layer.args(), weights, ids)]
+    a = nvfp4_fused_moe(*args)
+    b = nvfp4_fused_moe(*args)
+    assert torch.equal(a, b)
+
+
+def test_empty_batch_returns_empty_without_launch(gen, device):
+    layer = random_layer(4, 64, 32, gen)
+    x = torch.empty(0, 64, dtype=torch.bfloat16)
+    out = nvfp4_fused_moe(
+        *(a.to(device) for a in (x, *layer.args(), torch.empty(0, 2), torch.empty(0, 2, dtype=torch.int32)))
+    )
+    assert out.shape == (0, 64) and out.dtype == torch.bfloat16
+
+
+def test_align_pairs_by_expert(gen):
+    ids = torch.tensor([[2, 0], [2, -1], [5, 2], [0, 7]], dtype=torch.int32)  # E = 6: 7 is out of range
+    sorted_ids, block_expert = align_pairs_by_expert(ids, 6, 4)
+    num_pairs = ids.numel()
+    assert sorted_ids.numel() == block_expert.numel() * 4
+    flat = ids.reshape(-1)
+    seen = []
+    for b, e in enumerate(block_expert.tolist()):
+        block = sorted_ids[b * 4 : (b + 1) * 4].tolist()
+        real = [p for p in block if p < num_pairs]
+        if e < 0:
+            assert real == []
+            continue
+        assert all(flat[p] == e for p in real) and real == sorted(real)
+        seen += real
+    assert sorted(seen) == [p for p in range(num_pairs) if 0 <= flat[p] < 6]
+    assert block_expert.tolist()[:3] == [0, 2, 5] and set(block_expert.tolist()[3:]) == {-1}
+
+
+# --- Bad input: each a TypeError or ValueError naming the argument --------------------------------
+
+
+def _good(gen, device):
+    layer = random_layer(4, 64, 32, gen)
+    x = torch.randn(3, 64, generator=gen).bfloat16()
+    weights, ids = random_routing(3, 4, 2, gen)
+    args = dict(
+        hidden_states=x, w13=layer.w13, w13_scale=layer.w13_scale, w13_scale_2=layer.w13_scale_2, w2=layer.w2,
+        w2_scale=layer.w2_scale, w2_scale_2=layer.w2_scale_2, topk_weights=weights, topk_ids=ids,
+    )  # fmt: skip
+    return {k: v.to(device) for k, v in args.items()}
+
+
+BAD = [
+    ("hidden_states", lambda a: a["hidden_states"].float(), TypeError, "hidden_states: expected dtype"),
+    ("hidden_states", lambda a: a["hidden_states"][:, :32].contiguous(), ValueError, "w13: expected shape"),
+    ("hidden_states", lambda a: a["hidden_states"][None], ValueError, "hidden_states: expected shape"),
+    ("hidden_states", lambda a: a["hidden_states"].T.contiguous().T, ValueError, "rows must be contiguous"),
+    ("hidden_states", lambda a: a["hidden_states"][:, :48].contiguous(), ValueError, "multiple of 32"),
+    ("w13", lambda a: a["w13"].view(torch.int8), TypeError, "w13: expected dtype torch.uint8"),
+    ("w13", lambda a: a["w13"][:, :48], ValueError, r"w13: dim 1 must be 2\*I with I a multiple of 32"),
+    ("w13", lambda a: a["w13"].transpose(1, 2).contiguous().transpose(1, 2), ValueError, "w13: must be contiguous"),
+    ("w13_scale", lambda a: a["w13_scale"].view(torch.uint8), TypeError, "w13_scale: expected dtype"),
+    ("w13_scale", lambda a: a["w13_scale"][:3], ValueError, "w13_scale: expected shape"),
+    ("w13_scale_2", lambda a: a["w13_scale_2"][:, :1], ValueError, "w13_scale_2: expected shape"),
+    ("w13_scale_2", lambda a: a["w13_scale_2"].double(), TypeError, "w13_scale_2: expected dtype"),
+    ("w2", lambda a: a["w2"][:, :32], ValueError, "w2: expected shape"),
+    ("w2_scale", lambda a: a["w2_scale"].float(), TypeError, "w2_scale: expected dtype"),
+    ("w2_scale_2", lambda a: a["w2_scale_2"][:1], ValueError, "w2_scale_2: expected shape"),
+    ("topk_weights", lambda a: a["topk_weights"].bfloat16(), TypeError, "topk_weights: expected dtype"),
+    ("topk_weights", lambda a: a["topk_weights"][:2], ValueError, "topk_weights: expected shape"),
+    ("topk_ids", lambda a: a["topk_ids"].float(), TypeError, "topk_ids: expected dtype"),
+    ("topk_ids", lambda a: a["topk_ids"][:, :1], ValueError, "topk_ids: expected shape"),
+    ("topk_ids", lambda a: torch.full_like(a["topk_ids"], 4), ValueError, r"topk_ids: expected values in \[-1, 3\]"),
+    ("topk_ids", lambda a: torch.full_like(a["topk_ids"], -2), ValueError, r"got -2"),
+    ("w2", lambda a: "not a tensor", TypeError, "w2: expected a torch.Tensor, got str"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,exc,match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_raises_clear_error(name, mutate, exc, match, gen, device):
+    args = _good(gen, device)
+    args[name] = mutate(args)
+    with pytest.raises(exc, match=match):
+        nvfp4_fused_moe(**args)
+
+
+def test_bad_w13_order_and_config(gen, device):
+    with pytest.raises(ValueError, match="w13_order: expected one of"):
+        nvfp4_fused_moe(**_good(gen, device), w13_order="gate-up")
+    with pytest.raises(TypeError, match="config: expected MoeConfig"):
+        nvfp4_fused_moe(**_good(gen, device), config={"block_m": 16})
+
+
+def test_tensors_on_different_devices_rejected(gen, device):
+    args = _good(gen, device)
+    args["w2_scale_2"] = args["w2_scale_2"].to("meta")
+    with pytest.raises(ValueError, match="w2_scale_2: expected device"):
+        nvfp4_fused_moe(**args)
+
+
+def test_bad_gemm_config():
+    with pytest.raises(ValueError, match="block_k must be >= 32"):
+        GemmConfig(16, 64, 16)
+    with pytest.raises(ValueError, match="power of two"):
+        GemmConfig(24, 64, 64)
