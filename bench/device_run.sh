@@ -4,13 +4,16 @@
 # The machine has no package registry: the package is laid out by copying, pytest comes as wheels (.whl).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
+OUT=$(realpath -m "${OUT:-device_out}"); mkdir -p "$OUT"
+# Lay the package out as it installs (kernels/ -> sglang_glm5/kernels) and run from there, so that
+# the repository's own sglang_glm5/ folder does not shadow it.
 PKG=/tmp/pkg; rm -rf "$PKG"; mkdir -p "$PKG"
-cp -r sglang_glm5 "$PKG/" && cp -r kernels "$PKG/sglang_glm5/kernels"
+cp -r sglang_glm5 tests bench "$PKG/" && cp -r kernels "$PKG/sglang_glm5/kernels"
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import pytest" 2>/dev/null && [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+cd "$PKG"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
@@ -23,6 +26,9 @@ if [[ $STEPS == *tests* ]]; then
 fi
 if [[ $STEPS == *selfcheck* ]]; then
   python3 -m sglang_glm5.cli selfcheck --tokens 1,7,64,512 2>&1 | tee "$OUT/selfcheck.log" || rc=1
+fi
+if [[ $STEPS == *sweep* ]]; then
+  python3 bench/sweep_configs.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || rc=1
 fi
 if [[ $STEPS == *bench* ]]; then
   python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}" ${BENCH_ARGS:-} 2>&1 \

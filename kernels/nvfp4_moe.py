@@ -13,10 +13,12 @@ one [BLOCK_N, BLOCK_K] tile, each K step does two half-width dots: even K column
 activations against the low nibbles, odd against the high ones (a dot product does not care in
 which order K is summed).
 
-Decode: a nibble's bits are placed into an fp16 (exponent bits 2-1 -> 11-10, mantissa bit 0 -> 9,
-sign -> 15), which is exactly e2m1 * 2^-14, subnormals included. An e4m3 scale byte placed into an
-fp16 the same way ((b & 0x7f) << 7, sign -> 15) is exactly scale * 2^-8. Both powers of two are
-folded into the per-expert global scale in the epilogue (``DECODE_UNSCALE`` = 2^22).
+Decode, all in fp16: a nibble's bits placed into an fp16 (exponent bits 2-1 -> 11-10, mantissa
+bit 0 -> 9, sign -> 15) are exactly e2m1 * 2^-14, subnormals included. The block scale (one e4m3
+byte per 16 elements, decoded once per group of 16) becomes the fp16 scale * 2^7, so the decoded
+weight e2m1 * scale * 2^-7 is exact in fp16 (at most 5 significant bits, >= 2^-17). Activations
+enter the dot as fp16 scaled by 2^-8, which keeps bf16 values up to 2^24 finite. The tensor cores
+multiply fp16 x fp16 into fp32; the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
 
 ``INTERPRETER`` works around two faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): it computes bf16 dots wrongly (triton issue #11584), so both dot operands are upcast to
@@ -26,22 +28,16 @@ fp32; and its fp32 -> bf16 cast truncates, so bf16 results are rounded to neares
 import triton
 import triton.language as tl
 
-# e2m1 decoded as value * 2^-14 and e4m3 scales as value * 2^-8: undo both in the epilogue.
-DECODE_UNSCALE = 2.0**22
+# Weights decoded as value * 2^-7 and activations scaled by 2^-8: the epilogue multiplies by 2^15.
+DECODE_UNSCALE = 2.0**15
+ACT_SCALE = 2.0**-8
 
 
 @triton.jit
-def _e2m1_nibble_to_f32(nib):
-    """int32 nibbles (0..15) -> fp32 e2m1 value * 2^-14."""
+def _e2m1_nibbles_to_f16(nib):
+    """int16 nibbles (0..15) -> fp16 e2m1 value * 2^-14."""
     bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _e4m3_byte_to_f32(b):
-    """int32 e4m3 bytes -> fp32 value * 2^-8 (subnormals exact)."""
-    bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return bits.to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -56,21 +52,51 @@ def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
+def _activation_tile(
+    rows_ptr,  # [BLOCK_M] pointers to the first element of each activation row
+    k0,
+    row_ok,  # [BLOCK_M]
+    K,
+    BLOCK_K: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """Load [BLOCK_M, BLOCK_K] activations; returns (even K columns, odd K columns) as dot operands."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(rows_ptr[:, None] + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    a = a.to(tl.float32) * 0.00390625  # ACT_SCALE = 2^-8
+    a = a if INTERPRETER else a.to(tl.float16)
+    even, odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+    return even, odd
+
+
+@triton.jit
 def _nvfp4_tile(
     w_rows_ptr,  # [BLOCK_N] pointers to the first packed byte of each weight row
     s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
-    byte_offs,  # [BLOCK_K // 2] packed-byte offsets along K for this step
-    mask,  # [BLOCK_N, BLOCK_K // 2]
-    OPERAND_DTYPE: tl.constexpr,
+    k0,
+    n_ok,  # [BLOCK_N]
+    K,
+    BLOCK_K: tl.constexpr,
+    INTERPRETER: tl.constexpr,
 ):
     """Load and decode one weight tile; returns (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2]."""
-    packed = tl.load(w_rows_ptr[:, None] + byte_offs[None, :], mask=mask, other=0).to(tl.int32)
-    # One e4m3 scale per 16 elements = per 8 packed bytes.
-    sbyte = tl.load(s_rows_ptr[:, None] + (byte_offs // 8)[None, :], mask=mask, other=0).to(tl.int32)
-    scale = _e4m3_byte_to_f32(sbyte)
-    lo = (_e2m1_nibble_to_f32(packed & 0xF) * scale).to(OPERAND_DTYPE)
-    hi = (_e2m1_nibble_to_f32(packed >> 4) * scale).to(OPERAND_DTYPE)
-    return lo, hi
+    GROUPS: tl.constexpr = BLOCK_K // 16  # one e4m3 scale per 16 elements = per 8 packed bytes
+    offs_g = k0 // 16 + tl.arange(0, GROUPS)
+    byte_offs = offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [GROUPS, 8]
+    g_ok = offs_g < K // 16
+    mask = n_ok[:, None, None] & g_ok[None, :, None]
+    packed = tl.load(w_rows_ptr[:, None, None] + byte_offs[None, :, :], mask=mask, other=0).to(tl.int16)
+    sbyte = tl.load(s_rows_ptr[:, None] + offs_g[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0)
+    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly; times 2^15 gives scale * 2^7 (<= 57344).
+    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
+    scale = (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 32768.0).to(tl.float16)[:, :, None]
+    lo = _e2m1_nibbles_to_f16(packed & 0xF) * scale
+    hi = _e2m1_nibbles_to_f16(packed >> 4) * scale
+    shape: tl.constexpr = (w_rows_ptr.shape[0], BLOCK_K // 2)
+    if INTERPRETER:
+        return tl.reshape(lo.to(tl.float32), shape), tl.reshape(hi.to(tl.float32), shape)
+    else:
+        return tl.reshape(lo, shape), tl.reshape(hi, shape)
 
 
 @triton.jit
@@ -107,7 +133,6 @@ def nvfp4_moe_gemm1_kernel(
     if expert < 0:
         return
     expert = expert.to(tl.int64)
-    operand_dtype = tl.float32 if INTERPRETER else x_ptr.dtype.element_ty
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
@@ -125,25 +150,19 @@ def nvfp4_moe_gemm1_kernel(
     su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
 
     x_rows = x_ptr + token * stride_xt
-    offs_b = tl.arange(0, BLOCK_K // 2)  # packed-byte index within the K step
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, hidden_size, BLOCK_K):
-        byte_offs = k0 // 2 + offs_b
-        k_ok = byte_offs < hidden_size // 2
-        x_mask = row_ok[:, None] & k_ok[None, :]
-        x_even = tl.load(x_rows[:, None] + 2 * byte_offs[None, :], mask=x_mask, other=0.0).to(operand_dtype)
-        x_odd = tl.load(x_rows[:, None] + 2 * byte_offs[None, :] + 1, mask=x_mask, other=0.0).to(operand_dtype)
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, byte_offs, w_mask, operand_dtype)
+        x_even, x_odd = _activation_tile(x_rows, k0, row_ok, hidden_size, BLOCK_K, INTERPRETER)
+        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
         acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
         acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
-        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, byte_offs, w_mask, operand_dtype)
+        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
         acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u)
         acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u)
 
-    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 4194304.0  # DECODE_UNSCALE = 2^22
-    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 4194304.0
+    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 32768.0  # DECODE_UNSCALE = 2^15
+    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 32768.0
     gate = acc_g * gs_gate
     up = acc_u * gs_up
     h = gate / (1.0 + tl.exp(-gate)) * up
@@ -181,7 +200,6 @@ def nvfp4_moe_gemm2_kernel(
     if expert < 0:
         return
     expert = expert.to(tl.int64)
-    operand_dtype = tl.float32 if INTERPRETER else h_ptr.dtype.element_ty
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
@@ -195,19 +213,14 @@ def nvfp4_moe_gemm2_kernel(
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
 
     h_rows = h_ptr + pair_safe * stride_ht
-    offs_b = tl.arange(0, BLOCK_K // 2)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter_size, BLOCK_K):
-        byte_offs = k0 // 2 + offs_b
-        k_ok = byte_offs < inter_size // 2
-        a_mask = row_ok[:, None] & k_ok[None, :]
-        a_even = tl.load(h_rows[:, None] + 2 * byte_offs[None, :], mask=a_mask, other=0.0).to(operand_dtype)
-        a_odd = tl.load(h_rows[:, None] + 2 * byte_offs[None, :] + 1, mask=a_mask, other=0.0).to(operand_dtype)
-        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, byte_offs, n_ok[:, None] & k_ok[None, :], operand_dtype)
+        a_even, a_odd = _activation_tile(h_rows, k0, row_ok, inter_size, BLOCK_K, INTERPRETER)
+        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, k0, n_ok, inter_size, BLOCK_K, INTERPRETER)
         acc = tl.dot(a_even, tl.trans(w_lo), acc)
         acc = tl.dot(a_odd, tl.trans(w_hi), acc)
 
-    gs = tl.load(wgs_ptr + expert) * 4194304.0  # DECODE_UNSCALE = 2^22
+    gs = tl.load(wgs_ptr + expert) * 32768.0  # DECODE_UNSCALE = 2^15
     route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     y = acc * (gs * route_w[:, None])
     y_ptrs = y_ptr + pair_safe[:, None] * stride_yt + offs_n[None, :]

@@ -1,0 +1,86 @@
+"""Time nvfp4_fused_moe over a grid of tile configs on the local GPU (the data behind the heuristic).
+
+python bench/sweep_configs.py --shape glm5-ep8 --m 1,16,64,2048 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from functools import partial
+
+import torch
+import triton.testing
+
+from sglang_glm5.bench import _balanced_routing, copy_bandwidth, environment
+from sglang_glm5.moe import align_pairs_by_expert, nvfp4_fused_moe
+from sglang_glm5.shapes import parse_shape
+from sglang_glm5.testing import random_layer
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+
+
+def candidates(m: int) -> list[GemmConfig]:
+    block_ms = [16] if m <= 16 else [16, 32] if m <= 32 else [32, 64] if m <= 64 else [64, 128]
+    out = []
+    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128, 256), (2, 3, 4)):
+        for warps in (4, 8) if bn * bm >= 64 * 64 else (4,):
+            out.append(GemmConfig(bm, bn, bk, warps, stages))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="glm5-ep8")
+    p.add_argument("--m", default="1,16,64,2048")
+    p.add_argument("--out", default=".")
+    p.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping after this many seconds")
+    a = p.parse_args()
+    shape = parse_shape(a.shape)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    bw = copy_bandwidth()
+    floor = shape.weight_bytes / bw * 1e3
+    layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
+    t_start = time.time()
+    results = {"environment": environment(), "copy_GBps": bw / 1e9, "floor_ms": floor, "shape": str(shape), "m": {}}
+    print(f"{shape}: floor {floor:.3f} ms at {bw / 1e9:.0f} GB/s", flush=True)
+    for m in (int(v) for v in a.m.split(",")):
+        weights, ids, tokens = _balanced_routing(shape, m, gen)
+        x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
+        args = (x, *layer.args(), weights, ids)
+        t_align = triton.testing.do_bench(
+            partial(align_pairs_by_expert, ids, shape.num_experts, 16), warmup=10, rep=50, return_mode="median"
+        )
+        ref = nvfp4_fused_moe(*args).float()
+        rows = []
+        for cfg in candidates(m):
+            if time.time() - t_start > a.budget_s:
+                print("  budget spent, stopping the sweep", flush=True)
+                break
+            mc = MoeConfig(cfg, cfg)
+            try:
+                out = nvfp4_fused_moe(*args, config=mc).float()
+                ms = triton.testing.do_bench(partial(nvfp4_fused_moe, *args, config=mc), warmup=5, rep=40,
+                                             return_mode="median")  # fmt: skip
+            except Exception as e:  # out of resources: report and go on
+                print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            err = ((out - ref).norm() / ref.norm()).item()
+            rows.append({**cfg.as_dict(), "ms": ms, "rel_vs_default": err})
+        rows.sort(key=lambda r: r["ms"])
+        results["m"][m] = {"align_ms": t_align, "configs": rows}
+        print(f"m={m} T={tokens}: align {t_align:.3f} ms; best of {len(rows)}:", flush=True)
+        for r in rows[:5]:
+            print(f"  {r}  ({r['ms'] / floor:.2f}x floor)", flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "sweep.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
