@@ -251,3 +251,67 @@ def moe_sum_kernel(
         y = tl.load(y_ptr + (t * TOP_K + j) * stride_yt + offs, mask=h_ok & valid, other=0.0)
         acc += y.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, _round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
+
+
+@triton.jit
+def moe_align_count_kernel(
+    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
+    counts_ptr,  # [E] int32 out: pairs per expert
+    num_pairs,
+    BLOCK: tl.constexpr,
+):
+    """Program e counts the pairs routed to local expert e."""
+    e = tl.program_id(0)
+    total = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        total += (ids == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(total, axis=0))
+
+
+@triton.jit
+def moe_align_place_kernel(
+    topk_ids_ptr,  # [P] int32/int64
+    counts_ptr,  # [E] int32, from moe_align_count_kernel
+    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out: pair ids by expert, P = padding
+    block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
+    num_pairs,
+    num_experts,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,  # power of two >= num_experts
+    BLOCK: tl.constexpr,
+):
+    """Program e < E writes expert e's pairs (in pair order), its padding and its block experts;
+    program E marks the unused tail blocks."""
+    e = tl.program_id(0)
+    offs_e = tl.arange(0, E_PAD)
+    counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
+    if e < num_experts:
+        count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
+        my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
+        base = first_block * BLOCK_M
+        placed = 0
+        for start in range(0, num_pairs, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+            hit = (ids == e).to(tl.int32)
+            rank = placed + tl.cumsum(hit, axis=0) - 1
+            tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)
+            placed += tl.sum(hit, axis=0)
+        for start in range(count, my_blocks * BLOCK_M, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(sorted_ids_ptr + base + offs, num_pairs, mask=offs < my_blocks * BLOCK_M)
+        for start in range(0, my_blocks, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(block_expert_ptr + first_block + offs, e, mask=offs < my_blocks)
+    else:
+        for start in range(first_block, num_blocks, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
+        for start in range(first_block * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_glm5.moe import align_pairs_by_expert, nvfp4_fused_moe
-from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
@@ -112,6 +112,17 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
         *(a.to(device) for a in (x, *layer.args(), torch.empty(0, 2), torch.empty(0, 2, dtype=torch.int32)))
     )
     assert out.shape == (0, 64) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts,block_m",
+    [(1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16)],
+)
+def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, gen, device):
+    ids = torch.randint(-1, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
+    ours = align_pairs_by_expert(ids.to(device), num_experts, block_m)
+    ref = align_pairs_by_expert_reference(ids, num_experts, block_m)
+    assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
 def test_align_pairs_by_expert(gen):
