@@ -52,7 +52,8 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
 
     Picked from a sweep of 27-80 configs per size on one H200 (bench/h200_sweep.json): block_k 64
     and 3-4 stages won at every m; block_m follows the tokens per expert. The largest tile here,
-    128 x 64 x 64 at 3 stages, needs well under 101376 B of shared memory.
+    128 x 64 x 64 at 3 stages, pipelines (3 - 1) x (128 x 64 x 2 + 64 x 32) B = 36 KB of operands
+    on sm_120 by the analytic count (FACTS.md), far below its 101376 B.
     """
     if tokens_per_expert <= 16:
         cfg = GemmConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=4)
