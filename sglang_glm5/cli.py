@@ -1,13 +1,21 @@
-"""Command line: ``sglang-glm5 selfcheck | ...``. Heavy imports happen inside each command."""
+"""Command line: ``sglang-glm5 <command>``.
+
+Each command lives in a module that exposes ``add_cli(subparsers)``; that module imports nothing heavy
+(torch, triton, sglang) at module level, so ``--help`` stays fast and works without a GPU.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
+
+# Modules that add their own subcommands (each exposes add_cli(subparsers)).
+_COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -109,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--no-baselines", action="store_true", help="time only our op")
     p.set_defaults(func=_cmd_bench)
+
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).add_cli(sub)
     return parser
 
 

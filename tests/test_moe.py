@@ -125,9 +125,9 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
-def test_align_pairs_by_expert(gen):
+def test_align_pairs_by_expert(device):
     ids = torch.tensor([[2, 0], [2, -1], [5, 2], [0, 7]], dtype=torch.int32)  # E = 6: 7 is out of range
-    sorted_ids, block_expert = align_pairs_by_expert(ids, 6, 4)
+    sorted_ids, block_expert = (t.cpu() for t in align_pairs_by_expert(ids.to(device), 6, 4))
     num_pairs = ids.numel()
     assert sorted_ids.numel() == block_expert.numel() * 4
     flat = ids.reshape(-1)
