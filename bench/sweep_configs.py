@@ -14,6 +14,7 @@ import time
 from functools import partial
 
 import torch
+import triton
 import triton.testing
 
 from sglang_glm5.bench import _balanced_routing, copy_bandwidth, environment
@@ -26,10 +27,34 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 def candidates(m: int) -> list[GemmConfig]:
     block_ms = [16] if m <= 16 else [16, 32] if m <= 32 else [32, 64] if m <= 64 else [64, 128]
     out = []
-    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128, 256), (2, 3, 4)):
-        for warps in (4, 8) if bn * bm >= 64 * 64 else (4,):
+    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128, 256), (2, 3)):
+        for warps in (2, 4, 8) if bm <= 16 else (4, 8):
             out.append(GemmConfig(bm, bn, bk, warps, stages))
     return out
+
+
+def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
+    """Median ms of each stage of the op with one config: routing sort, gemm1, gemm2, top-k sum."""
+    from sglang_glm5 import moe
+    from sglang_glm5.kernels import nvfp4_moe as k
+
+    x, w13, s13, g13, w2, s2, g2, weights, ids = args
+    inter = shape.inter
+    num_pairs = ids.numel()
+    route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(num_pairs, shape.hidden, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    stages = {
+        "align": partial(moe.align_pairs_by_expert, ids, shape.num_experts, cfg.block_m),
+        "gemm1": partial(moe._launch_gemm1, x, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
+        "gemm2": partial(moe._launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
+        "sum": partial(
+            k.moe_sum_kernel[(x.shape[0], triton.cdiv(shape.hidden, 1024))], y, ids, out, shape.hidden,
+            shape.num_experts, y.stride(0), out.stride(0), TOP_K=shape.top_k, BLOCK_H=1024, INTERPRETER=False,
+        ),
+    }  # fmt: skip
+    return {name: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") for name, fn in stages.items()}
 
 
 def main() -> int:
@@ -76,6 +101,11 @@ def main() -> int:
         print(f"m={m} T={tokens}: align {t_align:.3f} ms; best of {len(rows)}:", flush=True)
         for r in rows[:5]:
             print(f"  {r}  ({r['ms'] / floor:.2f}x floor)", flush=True)
+        if rows:
+            best = GemmConfig(**{k: rows[0][k] for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")})
+            parts = breakdown(shape, args, best)
+            results["m"][m]["breakdown_ms"] = parts
+            print("  breakdown of the best: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "sweep.json"), "w") as f:
         json.dump(results, f, indent=1)

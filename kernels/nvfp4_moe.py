@@ -70,29 +70,38 @@ def _activation_tile(
 
 
 @triton.jit
-def _nvfp4_tile(
+def _load_weight_tile(
     w_rows_ptr,  # [BLOCK_N] pointers to the first packed byte of each weight row
     s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
     k0,
     n_ok,  # [BLOCK_N]
     K,
     BLOCK_K: tl.constexpr,
-    INTERPRETER: tl.constexpr,
 ):
-    """Load and decode one weight tile; returns (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2]."""
+    """Raw bytes of one weight tile: packed e2m1 [BLOCK_N, BLOCK_K/16, 8] and e4m3 scales [BLOCK_N, BLOCK_K/16]."""
     GROUPS: tl.constexpr = BLOCK_K // 16  # one e4m3 scale per 16 elements = per 8 packed bytes
     offs_g = k0 // 16 + tl.arange(0, GROUPS)
     byte_offs = offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [GROUPS, 8]
     g_ok = offs_g < K // 16
-    mask = n_ok[:, None, None] & g_ok[None, :, None]
-    packed = tl.load(w_rows_ptr[:, None, None] + byte_offs[None, :, :], mask=mask, other=0).to(tl.int16)
-    sbyte = tl.load(s_rows_ptr[:, None] + offs_g[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0)
+    packed = tl.load(w_rows_ptr[:, None, None] + byte_offs[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None])
+    sbyte = tl.load(s_rows_ptr[:, None] + offs_g[None, :], mask=n_ok[:, None] & g_ok[None, :])
+    return packed, sbyte
+
+
+@triton.jit
+def _decode_weight_tile(packed, sbyte, INTERPRETER: tl.constexpr):
+    """Bytes from _load_weight_tile -> (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2], value * 2^-7.
+
+    Masked-off bytes hold garbage: they only ever meet zero activations or are never stored.
+    """
     # e4m3 byte placed into an fp16 is scale * 2^-8, exactly; times 2^15 gives scale * 2^7 (<= 57344).
-    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
+    sb = sbyte.to(tl.int16)
+    sbits = ((sb & 0x7F) << 7) | ((sb & 0x80) << 8)
     scale = (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 32768.0).to(tl.float16)[:, :, None]
-    lo = _e2m1_nibbles_to_f16(packed & 0xF) * scale
-    hi = _e2m1_nibbles_to_f16(packed >> 4) * scale
-    shape: tl.constexpr = (w_rows_ptr.shape[0], BLOCK_K // 2)
+    p = packed.to(tl.int16)
+    lo = _e2m1_nibbles_to_f16(p & 0xF) * scale
+    hi = _e2m1_nibbles_to_f16(p >> 4) * scale
+    shape: tl.constexpr = (packed.shape[0], packed.shape[1] * packed.shape[2])
     if INTERPRETER:
         return tl.reshape(lo.to(tl.float32), shape), tl.reshape(hi.to(tl.float32), shape)
     else:
@@ -152,12 +161,21 @@ def nvfp4_moe_gemm1_kernel(
     x_rows = x_ptr + token * stride_xt
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # The next step's weight bytes are requested before this step's decode and dots run, so that
+    # two steps of loads are in flight (the loads feed register math, not a dot, so Triton's
+    # software pipeliner does not stage them through shared memory).
+    g_next = _load_weight_tile(wg_rows, sg_rows, 0, n_ok, hidden_size, BLOCK_K)
+    u_next = _load_weight_tile(wu_rows, su_rows, 0, n_ok, hidden_size, BLOCK_K)
     for k0 in range(0, hidden_size, BLOCK_K):
+        g_bytes, g_scales = g_next
+        u_bytes, u_scales = u_next
+        g_next = _load_weight_tile(wg_rows, sg_rows, k0 + BLOCK_K, n_ok, hidden_size, BLOCK_K)
+        u_next = _load_weight_tile(wu_rows, su_rows, k0 + BLOCK_K, n_ok, hidden_size, BLOCK_K)
         x_even, x_odd = _activation_tile(x_rows, k0, row_ok, hidden_size, BLOCK_K, INTERPRETER)
-        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
+        g_lo, g_hi = _decode_weight_tile(g_bytes, g_scales, INTERPRETER)
         acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
         acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
-        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
+        u_lo, u_hi = _decode_weight_tile(u_bytes, u_scales, INTERPRETER)
         acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u)
         acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u)
 
@@ -214,9 +232,12 @@ def nvfp4_moe_gemm2_kernel(
 
     h_rows = h_ptr + pair_safe * stride_ht
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_next = _load_weight_tile(w_rows, s_rows, 0, n_ok, inter_size, BLOCK_K)  # prefetch, as in gemm1
     for k0 in range(0, inter_size, BLOCK_K):
+        w_bytes, w_scales = w_next
+        w_next = _load_weight_tile(w_rows, s_rows, k0 + BLOCK_K, n_ok, inter_size, BLOCK_K)
         a_even, a_odd = _activation_tile(h_rows, k0, row_ok, inter_size, BLOCK_K, INTERPRETER)
-        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, k0, n_ok, inter_size, BLOCK_K, INTERPRETER)
+        w_lo, w_hi = _decode_weight_tile(w_bytes, w_scales, INTERPRETER)
         acc = tl.dot(a_even, tl.trans(w_lo), acc)
         acc = tl.dot(a_odd, tl.trans(w_hi), acc)
 
