@@ -13,7 +13,7 @@ class GemmConfig:
 
     block_m: int  # (token, slot) pairs per program; all share one expert
     block_n: int  # output columns per program
-    block_k: int  # reduction step, in unpacked elements (a multiple of 32)
+    block_k: int  # reduction step, in unpacked elements: 8 dots of block_k / 8 (>= 16) each
     num_warps: int = 4
     num_stages: int = 2
 
@@ -22,8 +22,8 @@ class GemmConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v}")
-        if self.block_k < 32:
-            raise ValueError(f"GemmConfig.block_k must be >= 32 (two half-width dots of >= 16), got {self.block_k}")
+        if self.block_k < 128:
+            raise ValueError(f"GemmConfig.block_k must be >= 128 (eight dots of >= 16), got {self.block_k}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
@@ -56,11 +56,11 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     on sm_120 by the analytic count (FACTS.md), far below its 101376 B.
     """
     if tokens_per_expert <= 16:
-        cfg = GemmConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=4)
+        cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
     elif tokens_per_expert <= 32:
-        cfg = GemmConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=4)
+        cfg = GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)
     elif tokens_per_expert <= 128:
-        cfg = GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
+        cfg = GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4)
     else:
-        cfg = GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
+        cfg = GemmConfig(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3)
     return MoeConfig(gemm1=cfg, gemm2=cfg)
