@@ -27,7 +27,7 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 def candidates(m: int) -> list[GemmConfig]:
     block_ms = [16] if m <= 16 else [16, 32] if m <= 32 else [32, 64] if m <= 64 else [64, 128]
     out = []
-    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (128, 256), (2,)):
+    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128), (2, 4)):
         for warps in (2, 4) if bm <= 16 else (4, 8):
             out.append(GemmConfig(bm, bn, bk, warps, stages))
     return out

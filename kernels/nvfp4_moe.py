@@ -7,18 +7,18 @@ BLOCK_M pairs that share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`
     gemm2:  y[p, :]   = topk_weight[p] * (h[p] @ W2[e]^T)                          -> [P, H]
     reduce: out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]  -> [T, H]
 
-Weights stay NVFP4 in memory and are decoded in registers, four packed bytes (8 elements) at a
-time: one int32 word holds the bytes of K offsets 8j..8j+7 of a row, byte b holding elements 2b (low
-nibble) and 2b+1 (high nibble). Each of the shifts 0, 4, 8, 12 followed by one mask places two
-nibbles (bytes b and b+2) into the two halves of the word as fp16 bit patterns: exponent bits 2-1 ->
-11-10, mantissa bit 0 -> 9, sign -> 15, which is exactly e2m1 * 2^-14, subnormals included. So one
-word gives 8 tiles, tile r holding K offset 8j + r, and each K step does 8 dots of BLOCK_K / 8: the
-activation tile is split the same way (a dot product does not care in which order K is summed).
+Weights stay NVFP4 in memory and are decoded in registers. Each packed byte holds elements 2i
+(low nibble) and 2i+1 (high nibble) of a row; instead of interleaving the two nibbles back into
+one [BLOCK_N, BLOCK_K] tile, each K step does two half-width dots: even K columns of the
+activations against the low nibbles, odd against the high ones (a dot product does not care in
+which order K is summed).
 
-The block scale (one e4m3 byte per 16 elements) becomes the fp16 scale * 2^7, so a decoded weight,
-e2m1 * scale * 2^-7, is exact in fp16 (at most 5 significant bits, >= 2^-17). Activations enter the
-dot as fp16 scaled by 2^-8, which keeps bf16 values up to 2^24 finite. The tensor cores multiply
-fp16 x fp16 into fp32; the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
+Decode, all in fp16: a nibble's bits placed into an fp16 (exponent bits 2-1 -> 11-10, mantissa
+bit 0 -> 9, sign -> 15) are exactly e2m1 * 2^-14, subnormals included. The block scale (one e4m3
+byte per 16 elements, decoded once per group of 16) becomes the fp16 scale * 2^7, so the decoded
+weight e2m1 * scale * 2^-7 is exact in fp16 (at most 5 significant bits, >= 2^-17). Activations
+enter the dot as fp16 scaled by 2^-8, which keeps bf16 values up to 2^24 finite. The tensor cores
+multiply fp16 x fp16 into fp32; the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
 
 ``INTERPRETER`` works around two faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): it computes bf16 dots wrongly (triton issue #11584), so both dot operands are upcast to
@@ -34,6 +34,13 @@ ACT_SCALE = 2.0**-8
 
 
 @triton.jit
+def _e2m1_nibbles_to_f16(nib):
+    """int16 nibbles (0..15) -> fp16 e2m1 value * 2^-14."""
+    bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
+    return bits.to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
     """fp32 -> dtype, round to nearest even (by hand for bf16 in the interpreter)."""
     if INTERPRETER and dtype == tl.bfloat16:
@@ -45,27 +52,7 @@ def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _split_last(t):
-    """[..., 2] -> two tensors, along a new innermost split."""
-    return tl.split(t)
-
-
-@triton.jit
-def _nibble_pair(words, shift: tl.constexpr, scale, INTERPRETER: tl.constexpr):
-    """Two nibbles per int32 word -> two fp16 tiles (bytes b and b + 2), times the fp16 scale."""
-    v = words >> shift
-    bits = ((v & 0x00070007) << 9) | ((v & 0x00080008) << 12)
-    first = bits.to(tl.int16).to(tl.float16, bitcast=True) * scale
-    second = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True) * scale
-    shape: tl.constexpr = (words.shape[0], words.shape[1] * words.shape[2])
-    if INTERPRETER:
-        return tl.reshape(first.to(tl.float32), shape), tl.reshape(second.to(tl.float32), shape)
-    else:
-        return tl.reshape(first, shape), tl.reshape(second, shape)
-
-
-@triton.jit
-def _activation_tiles(
+def _activation_tile(
     rows_ptr,  # [BLOCK_M] pointers to the first element of each activation row
     k0,
     row_ok,  # [BLOCK_M]
@@ -73,59 +60,43 @@ def _activation_tiles(
     BLOCK_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
-    """Load [BLOCK_M, BLOCK_K] activations, scaled by 2^-8; returns 8 tiles, tile r = K offsets 8j + r."""
+    """Load [BLOCK_M, BLOCK_K] activations; returns (even K columns, odd K columns) as dot operands."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(rows_ptr[:, None] + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     a = a.to(tl.float32) * 0.00390625  # ACT_SCALE = 2^-8
     a = a if INTERPRETER else a.to(tl.float16)
-    a = tl.reshape(a, (a.shape[0], BLOCK_K // 8, 2, 2, 2))  # [m, j, r // 4, (r // 2) % 2, r % 2]
-    even, odd = _split_last(a)
-    e0, e1 = _split_last(even)  # r % 4 in {0, 2}
-    o0, o1 = _split_last(odd)  # r % 4 in {1, 3}
-    a0, a4 = _split_last(e0)
-    a2, a6 = _split_last(e1)
-    a1, a5 = _split_last(o0)
-    a3, a7 = _split_last(o1)
-    return a0, a1, a2, a3, a4, a5, a6, a7
+    even, odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
+    return even, odd
 
 
 @triton.jit
-def _nvfp4_dot_step(
-    acc,  # [BLOCK_M, BLOCK_N] fp32
-    a0, a1, a2, a3, a4, a5, a6, a7,  # from _activation_tiles
-    w_rows_ptr,  # [BLOCK_N] int32 pointers to the first packed word of each weight row
+def _nvfp4_tile(
+    w_rows_ptr,  # [BLOCK_N] pointers to the first packed byte of each weight row
     s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
     k0,
     n_ok,  # [BLOCK_N]
     K,
     BLOCK_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
-):  # fmt: skip
-    """acc += activations[:, k0:k0+BLOCK_K] @ decode(W[:, k0:k0+BLOCK_K])^T."""
-    GROUPS: tl.constexpr = BLOCK_K // 16  # one e4m3 scale per 16 elements = per 2 packed words
+):
+    """Load and decode one weight tile; returns (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2]."""
+    GROUPS: tl.constexpr = BLOCK_K // 16  # one e4m3 scale per 16 elements = per 8 packed bytes
     offs_g = k0 // 16 + tl.arange(0, GROUPS)
+    byte_offs = offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [GROUPS, 8]
     g_ok = offs_g < K // 16
-    word_offs = offs_g[:, None] * 2 + tl.arange(0, 2)[None, :]  # [GROUPS, 2]
-    words = tl.load(w_rows_ptr[:, None, None] + word_offs[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None])
+    mask = n_ok[:, None, None] & g_ok[None, :, None]
+    packed = tl.load(w_rows_ptr[:, None, None] + byte_offs[None, :, :], mask=mask, other=0).to(tl.int16)
     sbyte = tl.load(s_rows_ptr[:, None] + offs_g[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0)
-    # An e4m3 byte placed into an fp16 is scale * 2^-8, exactly; times 2^15 gives scale * 2^7 (<= 61440).
-    # Masked-off words decode to finite garbage (|w| <= 22.5) that meets zero activations or is never stored.
-    sb = sbyte.to(tl.int16)
-    sbits = ((sb & 0x7F) << 7) | ((sb & 0x80) << 8)
+    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly; times 2^15 gives scale * 2^7 (<= 57344).
+    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
     scale = (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 32768.0).to(tl.float16)[:, :, None]
-    w0, w4 = _nibble_pair(words, 0, scale, INTERPRETER)
-    acc = tl.dot(a0, tl.trans(w0), acc)
-    acc = tl.dot(a4, tl.trans(w4), acc)
-    w1, w5 = _nibble_pair(words, 4, scale, INTERPRETER)
-    acc = tl.dot(a1, tl.trans(w1), acc)
-    acc = tl.dot(a5, tl.trans(w5), acc)
-    w2, w6 = _nibble_pair(words, 8, scale, INTERPRETER)
-    acc = tl.dot(a2, tl.trans(w2), acc)
-    acc = tl.dot(a6, tl.trans(w6), acc)
-    w3, w7 = _nibble_pair(words, 12, scale, INTERPRETER)
-    acc = tl.dot(a3, tl.trans(w3), acc)
-    acc = tl.dot(a7, tl.trans(w7), acc)
-    return acc
+    lo = _e2m1_nibbles_to_f16(packed & 0xF) * scale
+    hi = _e2m1_nibbles_to_f16(packed >> 4) * scale
+    shape: tl.constexpr = (w_rows_ptr.shape[0], BLOCK_K // 2)
+    if INTERPRETER:
+        return tl.reshape(lo.to(tl.float32), shape), tl.reshape(hi.to(tl.float32), shape)
+    else:
+        return tl.reshape(lo, shape), tl.reshape(hi, shape)
 
 
 @triton.jit
@@ -173,8 +144,8 @@ def nvfp4_moe_gemm1_kernel(
     offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
     w_base = w_ptr + expert * stride_we
     s_base = ws_ptr + expert * stride_se
-    wg_rows = (w_base + (gate_row0 + offs_n_safe) * stride_wn).to(tl.pointer_type(tl.int32))  # rows are 16 B aligned
-    wu_rows = (w_base + (up_row0 + offs_n_safe) * stride_wn).to(tl.pointer_type(tl.int32))
+    wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
+    wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
     sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
     su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
 
@@ -182,11 +153,13 @@ def nvfp4_moe_gemm1_kernel(
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, hidden_size, BLOCK_K):
-        a0, a1, a2, a3, a4, a5, a6, a7 = _activation_tiles(x_rows, k0, row_ok, hidden_size, BLOCK_K, INTERPRETER)
-        acc_g = _nvfp4_dot_step(acc_g, a0, a1, a2, a3, a4, a5, a6, a7, wg_rows, sg_rows, k0, n_ok, hidden_size,
-                                BLOCK_K, INTERPRETER)  # fmt: skip
-        acc_u = _nvfp4_dot_step(acc_u, a0, a1, a2, a3, a4, a5, a6, a7, wu_rows, su_rows, k0, n_ok, hidden_size,
-                                BLOCK_K, INTERPRETER)  # fmt: skip
+        x_even, x_odd = _activation_tile(x_rows, k0, row_ok, hidden_size, BLOCK_K, INTERPRETER)
+        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
+        acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
+        acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
+        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
+        acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u)
+        acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u)
 
     gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 32768.0  # DECODE_UNSCALE = 2^15
     gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 32768.0
@@ -236,15 +209,16 @@ def nvfp4_moe_gemm2_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden_size
     offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
-    w_rows = (w_ptr + expert * stride_we + offs_n_safe * stride_wn).to(tl.pointer_type(tl.int32))
+    w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
 
     h_rows = h_ptr + pair_safe * stride_ht
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter_size, BLOCK_K):
-        a0, a1, a2, a3, a4, a5, a6, a7 = _activation_tiles(h_rows, k0, row_ok, inter_size, BLOCK_K, INTERPRETER)
-        acc = _nvfp4_dot_step(acc, a0, a1, a2, a3, a4, a5, a6, a7, w_rows, s_rows, k0, n_ok, inter_size,
-                              BLOCK_K, INTERPRETER)  # fmt: skip
+        a_even, a_odd = _activation_tile(h_rows, k0, row_ok, inter_size, BLOCK_K, INTERPRETER)
+        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, k0, n_ok, inter_size, BLOCK_K, INTERPRETER)
+        acc = tl.dot(a_even, tl.trans(w_lo), acc)
+        acc = tl.dot(a_odd, tl.trans(w_hi), acc)
 
     gs = tl.load(wgs_ptr + expert) * 32768.0  # DECODE_UNSCALE = 2^15
     route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)

@@ -46,8 +46,8 @@ CASES = [
     Case(9, top_k=3, dtype=torch.float16),  # fp16 activations
     Case(9, top_k=3, scale_2_per_half=False),  # one global scale for gate and up
     Case(11, num_experts=5, hidden=96, inter=160, top_k=3),  # K not a multiple of block_k (masked tail)
-    Case(40, top_k=4, config=_cfg(32, 32, 128)),  # an explicit config, N split in several tiles
-    Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 128), GemmConfig(64, 128, 256))),  # gemm-specific tiles
+    Case(40, top_k=4, config=_cfg(32, 32, 64)),  # an explicit config, N split in several tiles
+    Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 32), GemmConfig(64, 128, 64))),  # gemm-specific tiles
 ]
 
 
@@ -207,7 +207,7 @@ def test_tensors_on_different_devices_rejected(gen, device):
 
 
 def test_bad_gemm_config():
-    with pytest.raises(ValueError, match="block_k must be >= 128"):
-        GemmConfig(16, 64, 64)
+    with pytest.raises(ValueError, match="block_k must be >= 32"):
+        GemmConfig(16, 64, 16)
     with pytest.raises(ValueError, match="power of two"):
         GemmConfig(24, 64, 64)
