@@ -1,0 +1,105 @@
+"""The SGLang plugin: routes ModelOpt NVFP4 MoE layers to sglang_glm5's Triton op under
+``--moe-runner-backend nvfp4_triton``.
+
+SGLang finds ``plugin`` through the ``sglang.srt.plugins`` entry point and calls it from
+``load_plugins()`` in the launcher and again in every scheduler / tensor-parallel worker.
+Importing this package changes nothing; ``plugin()`` (or ``apply()``) does, once per process.
+
+- ``SGLANG_GLM5_DISABLE=1``: the plugin does nothing.
+- An SGLang version not in ``guard.SUPPORTED_SGLANG_VERSIONS``: one log line, nothing changed; a
+  command line asking for ``nvfp4_triton`` then stops at start-up with a message naming the
+  supported versions.
+- A hooked or called SGLang symbol that moved: ``PatchTargetError`` naming it, before any change.
+- With any other backend every hook calls SGLang's original: a baseline server is the stock one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_glm5.patches import guard
+from sglang_glm5.patches.guard import BACKEND_NAME, SUPPORTED_SGLANG_VERSIONS
+from sglang_glm5.patches.hooks import PatchTargetError
+
+__all__ = [
+    "BACKEND_NAME",
+    "SUPPORTED_SGLANG_VERSIONS",
+    "PatchTargetError",
+    "apply",
+    "check_targets",
+    "is_applied",
+    "plugin",
+    "undo",
+]
+
+logger = logging.getLogger("sglang_glm5.patches")
+
+_applied = False
+
+
+def check_targets() -> None:
+    """Resolve every SGLang symbol the plugin hooks or calls; raises PatchTargetError on the first moved one."""
+    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+
+    hooks.check((*backend.SYMBOLS, *nvfp4_moe.SYMBOLS, *(h.target for h in nvfp4_moe.HOOKS)))
+
+
+def apply() -> None:
+    """Register the backend and install the hooks. Idempotent; every target is checked first."""
+    global _applied
+    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+
+    check_targets()
+    backend.register()
+    new = hooks.install(nvfp4_moe.HOOKS)
+    if not _applied or new:
+        logger.info("sglang-glm5: plugin active (--moe-runner-backend %s)", BACKEND_NAME)
+    _applied = True
+
+
+def undo() -> None:
+    """Remove the hooks and the backend name: SGLang is as it was before ``apply``."""
+    global _applied
+    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+
+    hooks.uninstall(nvfp4_moe.HOOKS)
+    backend.unregister()
+    _applied = False
+
+
+def is_applied() -> bool:
+    if not _applied:
+        return False
+    from sglang_glm5.patches import hooks, nvfp4_moe
+
+    return all(hooks.is_installed(h) for h in nvfp4_moe.HOOKS)
+
+
+def plugin() -> None:
+    """The ``sglang.srt.plugins`` entry point."""
+    if guard.disabled():
+        logger.info("sglang-glm5: %s is set, plugin off", guard.DISABLE_ENV)
+        return
+    version = guard.installed_sglang_version()
+    if not guard.version_supported(version):
+        reason = f"SGLang {version} is installed"
+        logger.warning(
+            "sglang-glm5: SGLang %s is not one of the tested versions (%s); plugin inactive, %s unavailable",
+            version,
+            ", ".join(SUPPORTED_SGLANG_VERSIONS),
+            BACKEND_NAME,
+        )
+        _stop_if_requested(reason)
+        return
+    try:
+        apply()
+    except PatchTargetError as e:
+        _stop_if_requested(str(e))
+        raise
+
+
+def _stop_if_requested(reason: str) -> None:
+    # SystemExit passes through load_plugins() (it catches Exception): the launcher stops here,
+    # before argument parsing would only say "invalid choice".
+    if guard.backend_requested():
+        raise SystemExit(guard.unavailable_message(reason))

@@ -1,0 +1,210 @@
+"""Hooks on SGLang's ``ModelOptNvFp4FusedMoEMethod`` (``srt/layers/quantization/modelopt_quant.py``).
+
+Each hook checks the backend and, for anything but ``nvfp4_triton``, calls the original unchanged.
+With ``nvfp4_triton``:
+
+- ``__init__``: the stock check admits NVFP4 MoE only on Blackwell or with Marlin; our kernels run
+  on SM80+ (and on the CPU through the Triton interpreter), so the original runs with that check passed.
+- ``create_moe_runner``: no MoeRunner. The cached backend ``nvfp4_triton`` (what the stock
+  ``get_moe_runner_backend`` returns) is not one of the global-id backends, so the standard
+  dispatcher hands ``apply`` top-k output with local expert ids and -1 for other ranks' experts.
+- ``process_weights_after_loading``: the stock code runs (it swizzles the block scales in place when
+  their shape allows, computes alphas, configures the dispatcher), with the input scales sliced to
+  this rank's experts; then the swizzled scales are put back in linear order in place, and the w13
+  row order is recorded.
+- ``apply``: ``sglang_glm5.moe.nvfp4_fused_moe`` -> ``StandardCombineInput``. The top-k weights
+  already carry ``routed_scaling_factor`` for this method (``_fuses_routed_scaling_factor_in_topk``,
+  ``srt/layers/moe/fused_moe_triton/layer.py``): it is not applied again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+from sglang_glm5.patches.guard import BACKEND_NAME
+from sglang_glm5.patches.hooks import MethodHook, Symbol
+
+logger = logging.getLogger("sglang_glm5.patches")
+
+_MQ = "sglang.srt.layers.quantization.modelopt_quant"
+_METHOD = f"{_MQ}.ModelOptNvFp4FusedMoEMethod"
+
+# Layer attributes the plugin adds (plain attributes, not parameters: never saved or loaded).
+W13_ORDER_ATTR = "sglang_glm5_w13_order"  # "gate_up" | "up_gate"
+INPUT_SCALES_ATTR = "sglang_glm5_input_scales"  # (w13 [E_local, 2], w2 [E_local]) fp32, for a W4A4 path
+
+
+def _is_ours(backend) -> bool:
+    return getattr(backend, "value", backend) == BACKEND_NAME
+
+
+def _selected() -> bool:
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+    return _is_ours(get_moe_runner_backend())
+
+
+def _cached(method) -> bool:
+    return _is_ours(getattr(method, "_moe_runner_backend", None))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _PlatformPassingNvfp4Check:
+    """The platform as the stock __init__ sees it, with ``is_blackwell`` true."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    is_blackwell = True
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
+@contextlib.contextmanager
+def _nvfp4_platform_check_passed():
+    from sglang.srt.layers.quantization import modelopt_quant
+
+    real = modelopt_quant.get_platform
+    modelopt_quant.get_platform = lambda: _PlatformPassingNvfp4Check(real())
+    try:
+        yield
+    finally:
+        modelopt_quant.get_platform = real
+
+
+def init_hook(original, self, quant_config):
+    if not _selected():
+        return original(self, quant_config)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
+        major, minor = torch.cuda.get_device_capability()
+        raise ValueError(f"--moe-runner-backend {BACKEND_NAME} needs an SM80+ GPU, got sm{major}{minor}")
+    with _nvfp4_platform_check_passed():
+        original(self, quant_config)
+
+
+def create_moe_runner_hook(original, self, layer, moe_runner_config):
+    if not _selected():
+        return original(self, layer, moe_runner_config)
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend, resolve_moe_runner_backend
+
+    cfg = moe_runner_config
+    unsupported = {
+        "activation": (cfg.activation, "silu"),
+        "is_gated": (cfg.is_gated, True),
+        "apply_router_weight_on_input": (cfg.apply_router_weight_on_input, False),
+        "gemm1_alpha": (cfg.gemm1_alpha, None),
+        "gemm1_clamp_limit": (cfg.gemm1_clamp_limit, None),
+        "swiglu_limit": (cfg.swiglu_limit, None),
+    }
+    for name, (got, want) in unsupported.items():
+        if got != want:
+            raise NotImplementedError(f"--moe-runner-backend {BACKEND_NAME}: MoE {name} must be {want!r}, got {got!r}")
+    a2a = get_moe_a2a_backend()
+    if not a2a.is_none():
+        raise NotImplementedError(
+            f"--moe-runner-backend {BACKEND_NAME} needs --moe-a2a-backend none (standard dispatch), got {a2a.value}"
+        )
+    self.moe_runner_config = moe_runner_config
+    self._moe_runner_backend = resolve_moe_runner_backend(BACKEND_NAME)
+    self.runner = None
+
+
+def _to_local_experts(scale: torch.Tensor, layer) -> torch.Tensor:
+    """An input scale [E_global, ...] (or already [E_local, ...], or a scalar) -> [E_local, ...] fp32."""
+    scale = scale.detach().float()
+    local, total = layer.num_local_experts, layer.num_experts
+    if scale.dim() == 0:
+        return scale.expand(local).contiguous()
+    if scale.shape[0] == local:
+        return scale.contiguous()
+    if scale.shape[0] == total:
+        start = layer.moe_ep_rank * local
+        return scale[start : start + local].contiguous()
+    raise ValueError(
+        f"input scale: expected dim 0 of {total} (all experts) or {local} (local), got {tuple(scale.shape)}"
+    )
+
+
+def process_weights_hook(original, self, layer):
+    if not _cached(self):
+        return original(self, layer)
+    from sglang_glm5.nvfp4 import unswizzle_scales
+
+    # The stock code pairs the input scales with the local experts' weight scales; under expert
+    # parallelism the checkpoint's are global-sized. Hand it local slices, then put the originals
+    # back (the loader writes global-sized input scales on a weight reload).
+    names = ("w13_input_scale", "w2_input_scale")
+    global_params = {name: getattr(layer, name) for name in names}
+    local = {name: _to_local_experts(p.data, layer) for name, p in global_params.items()}
+    for name in names:
+        setattr(layer, name, torch.nn.Parameter(local[name], requires_grad=False))
+    try:
+        original(self, layer)
+    finally:
+        for name, param in global_params.items():
+            setattr(layer, name, param)
+    setattr(layer, INPUT_SCALES_ATTR, (local["w13_input_scale"], local["w2_input_scale"]))
+
+    # Block scales: the stock code swizzles them in place when the swizzled shape equals the linear
+    # one (rows a multiple of 128, scale columns of 4): then the swizzled alias *is* the weight_scale
+    # parameter. Un-swizzle in place (no second copy); otherwise weight_scale was left linear.
+    for prefix in ("w13", "w2"):
+        scale = getattr(layer, f"{prefix}_weight_scale")
+        if getattr(layer, f"{prefix}_blockscale_swizzled", None) is scale:
+            rows, cols = scale.shape[-2], scale.shape[-1]
+            scale.data.copy_(unswizzle_scales(scale.data, rows, cols).reshape(scale.shape))
+    setattr(layer, W13_ORDER_ATTR, "up_gate" if self.load_up_proj_weight_first else "gate_up")
+    logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s)", BACKEND_NAME, getattr(layer, W13_ORDER_ATTR))
+
+
+def apply_hook(original, self, layer, dispatch_output):
+    if not _cached(self):
+        return original(self, layer, dispatch_output)
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
+
+    from sglang_glm5.moe import nvfp4_fused_moe
+
+    if getattr(dispatch_output, "hidden_states_scale", None) is not None:
+        raise NotImplementedError(
+            f"--moe-runner-backend {BACKEND_NAME} takes bf16/fp16 activations; got FP4-quantized ones "
+            "(unset SGLANG_MOE_NVFP4_DISPATCH)"
+        )
+    topk = dispatch_output.topk_output
+    out = nvfp4_fused_moe(
+        dispatch_output.hidden_states,
+        layer.w13_weight,
+        layer.w13_weight_scale,
+        layer.w13_weight_scale_2,
+        layer.w2_weight,
+        layer.w2_weight_scale,
+        layer.w2_weight_scale_2,
+        topk.topk_weights.float(),  # routed scaling already in (see the module docstring)
+        topk.topk_ids,
+        w13_order=getattr(layer, W13_ORDER_ATTR),
+    )
+    return StandardCombineInput(hidden_states=out)
+
+
+HOOKS = (
+    MethodHook(Symbol(f"{_METHOD}.__init__", ("self", "quant_config")), init_hook),
+    MethodHook(Symbol(f"{_METHOD}.create_moe_runner", ("self", "layer", "moe_runner_config")), create_moe_runner_hook),
+    MethodHook(Symbol(f"{_METHOD}.process_weights_after_loading", ("self", "layer")), process_weights_hook),
+    MethodHook(Symbol(f"{_METHOD}.apply", ("self", "layer", "dispatch_output")), apply_hook),
+)
+
+# Read, not hooked: the stock ones do what nvfp4_triton needs once create_moe_runner cached the backend.
+SYMBOLS = (
+    Symbol(f"{_METHOD}.get_moe_runner_backend", ("self", "layer")),
+    Symbol(f"{_METHOD}.load_up_proj_weight_first"),
+    Symbol(f"{_MQ}.get_platform", ()),
+    Symbol("sglang.srt.layers.moe.utils.get_moe_runner_backend", ()),
+    Symbol("sglang.srt.layers.moe.utils.get_moe_a2a_backend", ()),
+    Symbol("sglang.srt.layers.moe.token_dispatcher.standard.StandardCombineInput"),
+    Symbol("sglang.srt.layers.moe.fused_moe_triton.layer._fuses_routed_scaling_factor_in_topk"),
+)

@@ -1,0 +1,156 @@
+"""``sglang-glm5 doctor``: what to run on the GPU box before serving. One line per check.
+
+Checks: GPU and target profile, SGLang / torch / Triton versions against the tested ones, the plugin
+found through the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the config
+cache entries for this GPU, and the op against the float64 reference on the GPU. Exit status 1 when
+any check fails. Nothing heavy is imported at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_VALUE = "sglang_glm5.patches:plugin"
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="check this machine before serving: GPU, versions, plugin, caches, a correctness run on the GPU",
+        description="One line per check; exit status 1 when any check fails.",
+    )
+    p.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (a machine without a GPU)")
+    p.set_defaults(func=run)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_gpu(no_gpu: bool) -> tuple[str, str]:
+    import torch
+
+    if no_gpu:
+        return SKIP, "GPU: --no-gpu"
+    if not torch.cuda.is_available():
+        return FAIL, "GPU: torch sees no CUDA device"
+    name = torch.cuda.get_device_name()
+    major, minor = torch.cuda.get_device_capability()
+    profile = "unknown"
+    try:
+        from sglang_glm5 import hardware
+
+        profile = str(hardware.detect())
+    except (ImportError, AttributeError, RuntimeError, ValueError) as e:
+        profile = f"unknown ({e})"
+    status = OK if (major, minor) >= (8, 0) else FAIL
+    return status, f"GPU: {name}, sm{major}{minor}, profile {profile}"
+
+
+def check_versions() -> list[tuple[str, str]]:
+    from sglang_glm5.patches import guard
+
+    lines = []
+    sglang = guard.installed_sglang_version()
+    if sglang is None:
+        lines.append((FAIL, "sglang: not installed"))
+    else:
+        ok = guard.version_supported(sglang)
+        tested = ", ".join(guard.SUPPORTED_SGLANG_VERSIONS)
+        lines.append((OK if ok else FAIL, f"sglang {sglang} (supported: {tested})"))
+    for dist, tested in (("torch", guard.TESTED_TORCH_VERSIONS), ("triton", guard.TESTED_TRITON_VERSIONS)):
+        found = _version(dist)
+        base = (found or "").split("+")[0]
+        status = FAIL if found is None else (OK if base in tested else WARN)
+        lines.append((status, f"{dist} {found or 'not installed'} (tested: {', '.join(tested)})"))
+    return lines
+
+
+def check_plugin() -> list[tuple[str, str]]:
+    from sglang_glm5.patches import guard
+
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.value == ENTRY_POINT_VALUE]
+    if not eps:
+        return [(FAIL, f"plugin: no {ENTRY_POINT_GROUP} entry point {ENTRY_POINT_VALUE} (reinstall the package)")]
+    lines = [(OK, f"plugin: entry point {eps[0].name} -> {ENTRY_POINT_VALUE}")]
+    allowed = os.environ.get("SGLANG_PLUGINS", "")
+    if allowed and eps[0].name not in {x.strip() for x in allowed.split(",")}:
+        lines.append((FAIL, f"plugin: SGLANG_PLUGINS={allowed!r} leaves out {eps[0].name}"))
+    if guard.disabled():
+        lines.append((WARN, f"plugin: {guard.DISABLE_ENV} is set, the plugin stays off"))
+    if guard.version_supported(guard.installed_sglang_version()):
+        from sglang_glm5 import patches
+
+        try:
+            patches.check_targets()
+            lines.append((OK, "plugin: every hooked SGLang symbol is where the plugin expects it"))
+        except patches.PatchTargetError as e:
+            lines.append((FAIL, f"plugin: {e}"))
+    return lines
+
+
+def check_cache() -> tuple[str, str]:
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    dirs = [Path(os.environ.get("SGLANG_GLM5_CACHE_DIR", Path.home() / ".cache" / "sglang_glm5"))]
+    dirs.append(Path(__file__).resolve().parent.parent / "configs")
+    files = [f for d in dirs if d.is_dir() for f in d.rglob("*.json")]
+    if device:
+        slug = device.replace(" ", "_").lower()
+        mine = [f for f in files if slug in f.name.lower() or device.lower() in f.read_text(errors="replace").lower()]
+    else:
+        mine = []
+    where = ", ".join(str(d) for d in dirs)
+    if device is None:
+        return SKIP, f"cache: no GPU to match ({len(files)} file(s) under {where})"
+    status = OK if mine else WARN
+    return status, f"cache: {len(mine)} file(s) for {device} under {where}" + ("" if mine else " (heuristic configs)")
+
+
+def check_op(no_gpu: bool) -> tuple[str, str]:
+    import torch
+
+    if no_gpu or not torch.cuda.is_available():
+        return SKIP, "op: needs a CUDA GPU"
+    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.reference import nvfp4_fused_moe_reference
+    from sglang_glm5.testing import random_layer, random_routing
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    layer = random_layer(8, 512, 256, gen, "cuda")
+    x = torch.randn(33, 512, generator=gen, device="cuda").bfloat16()
+    weights, ids = random_routing(33, 8, 4, gen, remote_fraction=0.2, device="cuda")
+    out = nvfp4_fused_moe(x, *layer.args(), weights, ids)
+    ref = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    status = OK if rel < 1e-2 and bool(torch.isfinite(out).all()) else FAIL
+    return status, f"op: nvfp4_fused_moe vs float64 reference, E8 H512 I256 T33, rel err {rel:.1e} (seed {seed})"
+
+
+def run(args: argparse.Namespace) -> int:
+    checks: list[Callable[[], list[tuple[str, str]]]] = [
+        lambda: [check_gpu(args.no_gpu)],
+        check_versions,
+        check_plugin,
+        lambda: [check_cache()],
+        lambda: [check_op(args.no_gpu)],
+    ]
+    failures = 0
+    for check in checks:
+        for status, line in check():
+            failures += status == FAIL
+            print(f"[{status:>4}] {line}", flush=True)
+    print("doctor: " + ("all checks passed" if not failures else f"{failures} check(s) FAILED"))
+    return 1 if failures else 0

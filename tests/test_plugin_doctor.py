@@ -1,0 +1,37 @@
+"""``sglang-glm5 doctor`` on a machine without a GPU: one line per check, exit status from the failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sglang_glm5 import cli
+from sglang_glm5.patches import guard
+
+
+def test_doctor_imports_nothing_heavy():
+    code = "import sys, sglang_glm5.doctor; print(sorted({'torch', 'triton', 'sglang'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_doctor_passes_here(capsys):
+    pytest.importorskip("sglang.srt.plugins", reason="SGLang's modules are not installed")
+    rc = cli.main(["doctor", "--no-gpu"])
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    assert rc == 0, out
+    assert any(f"sglang {guard.SUPPORTED_SGLANG_VERSIONS[0]}" in line and line.startswith("[  ok]") for line in lines)
+    assert any("entry point sglang_glm5 -> sglang_glm5.patches:plugin" in line for line in lines)
+    assert any("hooked SGLang symbol" in line and line.startswith("[  ok]") for line in lines)
+    assert out.rstrip().endswith("all checks passed")
+
+
+def test_doctor_fails_on_another_sglang_version(capsys, monkeypatch):
+    monkeypatch.setattr(guard, "installed_sglang_version", lambda: "0.5.99")
+    rc = cli.main(["doctor", "--no-gpu"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "[FAIL] sglang 0.5.99 (supported: 0.5.23)" in out and "1 check(s) FAILED" in out
