@@ -1,0 +1,68 @@
+"""Talk to the server with plain `requests`: OpenAI chat completions (plain and streamed SSE) and
+SGLang's native /generate.
+
+    python examples/requests_client.py [--url http://127.0.0.1:30000] [--prompt "..."]
+
+The API key comes from $SGLANG_GLM5_API_KEY when the server was started with --api-key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:30000", help="server URL (http://127.0.0.1:30000)")
+    parser.add_argument("--prompt", default="Explain NVFP4 in two sentences.")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    headers = {}
+    if key := os.environ.get("SGLANG_GLM5_API_KEY"):
+        headers["Authorization"] = f"Bearer {key}"
+    requests.get(f"{args.url}/health", headers=headers, timeout=10).raise_for_status()
+    model = requests.get(f"{args.url}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": args.prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+    }
+
+    # Chat completions, not streamed.
+    r = requests.post(f"{args.url}/v1/chat/completions", json=body, headers=headers, timeout=600)
+    r.raise_for_status()
+    print(r.json()["choices"][0]["message"]["content"], "\n")
+
+    # Chat completions, streamed: Server-Sent Events, one `data: {json}` line per chunk, then `data: [DONE]`.
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with requests.post(
+        f"{args.url}/v1/chat/completions", json=stream_body, headers=headers, stream=True, timeout=600
+    ) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            for choice in chunk["choices"]:
+                print(choice["delta"].get("content") or "", end="", flush=True)
+            if chunk.get("usage"):
+                print(f"\n[{chunk['usage']['completion_tokens']} completion tokens]\n")
+
+    # SGLang's native API: /generate takes raw text (no chat template) and sampling_params.
+    native = {"text": args.prompt, "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    r = requests.post(f"{args.url}/generate", json=native, headers=headers, timeout=600)
+    r.raise_for_status()
+    out = r.json()
+    print(out["text"], f"\n[{out['meta_info']['completion_tokens']} tokens]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Baseline vs patched on the same machine: start the stock server, load it, stop it; start the server
+# with our MoE backend, load it, stop it; then compare. Results under $OUT/{baseline,patched}, the
+# report under $OUT/compare_baseline_vs_patched/.
+#
+#   scripts/run_loadtest.sh /models/GLM-5-NVFP4 [extra `loadtest run` args, e.g. --input-len 2048]
+#
+# Each setting below can be overridden from the environment (CONCURRENCY=1,16 DURATION=30 ...).
+set -euo pipefail
+
+MODEL=${MODEL:-${1:?usage: $0 MODEL_PATH [extra loadtest run args]}}
+shift || true
+PROFILE=${PROFILE:-}                                # `sglang-glm5 serve --profile` (empty: serve's default)
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-30000}
+BASELINE_BACKEND=${BASELINE_BACKEND:-flashinfer_cutlass}  # the stock NVFP4 MoE path on SM120 (marlin on SM90)
+PATCHED_BACKEND=${PATCHED_BACKEND:-nvfp4_triton}    # ours
+CONCURRENCY=${CONCURRENCY:-1,8,32,64,128}
+DURATION=${DURATION:-60}                            # seconds per run
+REPEATS=${REPEATS:-3}
+WARMUP=${WARMUP:-16}                                # warm-up requests before each sweep
+SLO_TTFT_MS=${SLO_TTFT_MS:-2000}                    # goodput SLOs for the report
+SLO_TPOT_MS=${SLO_TPOT_MS:-100}
+OUT=${OUT:-loadtest_results}
+SERVER_START_TIMEOUT=${SERVER_START_TIMEOUT:-1800}  # seconds to wait for /health (loading GLM-5 takes minutes)
+
+URL="http://${HOST}:${PORT}"
+SERVER_PID=""
+mkdir -p "$OUT"
+
+stop_server() {
+    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo "stopping server (process group $SERVER_PID)"
+        kill -TERM -- "-$SERVER_PID" 2>/dev/null || true     # SGLang's scheduler/TP workers too
+        for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+    fi
+    SERVER_PID=""
+}
+trap stop_server EXIT
+
+start_server() {  # $1 tag, $2 MoE runner backend
+    local tag=$1 backend=$2
+    local extra=(--moe-runner-backend "$backend")
+    [[ -n "${SGLANG_GLM5_API_KEY:-}" ]] && extra+=(--api-key "$SGLANG_GLM5_API_KEY")
+    local cmd=(sglang-glm5 serve --model "$MODEL" --host "$HOST" --port "$PORT")
+    [[ -n "$PROFILE" ]] && cmd+=(--profile "$PROFILE")
+    echo "starting $tag server: ${cmd[*]} -- --moe-runner-backend $backend"
+    setsid "${cmd[@]}" -- "${extra[@]}" >"$OUT/$tag.server.log" 2>&1 &
+    SERVER_PID=$!
+    local t0=$SECONDS
+    until curl -sf -o /dev/null "$URL/health"; do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            echo "the $tag server exited during start; last lines of $OUT/$tag.server.log:" >&2
+            tail -n 20 "$OUT/$tag.server.log" >&2
+            exit 1
+        fi
+        if (( SECONDS - t0 > SERVER_START_TIMEOUT )); then
+            echo "the $tag server did not answer $URL/health within ${SERVER_START_TIMEOUT}s" >&2
+            exit 1
+        fi
+        sleep 5
+    done
+    echo "$tag server healthy after $((SECONDS - t0)) s"
+}
+
+load() {  # $1 tag, then extra `loadtest run` args
+    local tag=$1
+    shift
+    sglang-glm5 loadtest run --host "$URL" --tag "$tag" --out "$OUT" --concurrency "$CONCURRENCY" \
+        --duration "$DURATION" --repeats "$REPEATS" --warmup "$WARMUP" --flush-cache --overwrite \
+        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" "$@"
+}
+
+start_server baseline "$BASELINE_BACKEND"
+load baseline "$@"
+stop_server
+
+start_server patched "$PATCHED_BACKEND"
+load patched "$@"
+stop_server
+
+sglang-glm5 loadtest compare "$OUT/baseline" "$OUT/patched" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS"
