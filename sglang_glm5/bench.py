@@ -172,3 +172,47 @@ def write_results(out_dir: Path, name: str, shapes_rows: dict[MoeShape, list[Ben
     md = out_dir / f"{name}.md"
     md.write_text("\n".join(lines))
     return md
+
+
+def kernel_bencher(shape: MoeShape, seed: int):
+    """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU.
+
+    Inputs rotate over enough copies of the layer's weights to exceed twice the L2 cache, so a
+    small shape is not timed out of L2. Routing is balanced: every local expert gets m pairs.
+    """
+    import triton.testing
+
+    from sglang_glm5 import moe
+    from sglang_glm5.testing import random_layer
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    copies = max(1, -(-2 * l2 // shape.weight_bytes))
+    layers = [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
+    inputs: dict[int, tuple] = {}
+
+    def bench(kernel: str, cfg, bucket: int) -> float:
+        if bucket not in inputs:
+            weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
+            x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
+            h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
+            inputs[bucket] = (x, h, weights, ids)
+        x, h, weights, ids = inputs[bucket]
+        route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
+        turn = iter(range(1 << 62))
+
+        def launch():
+            layer = layers[next(turn) % copies]
+            if kernel == "gemm1":
+                out = torch.empty(ids.numel(), shape.inter, dtype=x.dtype, device="cuda")
+                moe._launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
+                                  0, shape.inter, False)  # fmt: skip
+            else:
+                out = torch.empty(ids.numel(), shape.hidden, dtype=x.dtype, device="cuda")
+                moe._launch_gemm2(h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route, out,
+                                  cfg, False)  # fmt: skip
+
+        return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")
+
+    return bench

@@ -15,7 +15,7 @@ import time
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
 
 # Modules that add their own subcommands (each exposes add_cli(subparsers)).
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("sglang_glm5.loadtest.cli", "sglang_glm5.doctor")
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -84,6 +84,48 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Pick tile configs for a target GPU: measured on the local GPU, else feasible picks offline."""
+    from pathlib import Path
+
+    from sglang_glm5 import autotune
+    from sglang_glm5.hardware import resolve
+    from sglang_glm5.shapes import parse_shape
+
+    target = resolve(args.target)
+    shapes = [parse_shape(s) for s in args.shape]
+    local = None
+    if args.target == "local":
+        local = target
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            from sglang_glm5.hardware import detect
+
+            local = detect()
+    measure = local is not None and local.name == target.name and local.arch == target.arch
+    out = Path(args.out) if args.out else autotune.user_cache_path(target)
+    mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
+    print(f"tune: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
+    seed = int.from_bytes(os.urandom(4), "little")
+    total = autotune.TuneReport()
+    for shape in shapes:
+        bench = None
+        if measure:
+            from sglang_glm5.bench import kernel_bencher
+
+            bench = kernel_bencher(shape, seed)
+        entries, report = autotune.tune(target, shape, args.batch_sizes, bench, progress=autotune.print_progress)
+        autotune.store(out, target, entries)
+        for field in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
+            setattr(total, field, getattr(total, field) + getattr(report, field))
+        print(f"\ntune: {shape}: {len(entries)} entries -> {out}")
+    if measure:
+        print(f"tune: {total.summary()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
@@ -117,6 +159,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--no-baselines", action="store_true", help="time only our op")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "tune",
+        help="pick MoE tile configs for a GPU, never trying one that does not fit its shared memory",
+        description="For each MoE GEMM and batch size, prunes the configs whose shared memory exceeds the target's "
+        "per-block limit (an analytic bound, then Triton's ahead-of-time compile for that architecture: no GPU "
+        "needed), then benchmarks the rest when the target is this machine's GPU; otherwise stores the feasible "
+        "config nearest the built-in heuristic, marked measured: false. Writes the user cache "
+        "($SGLANG_GLM5_CACHE_DIR/autotune/TARGET.json) unless --out is given.",
+    )
+    p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
+    p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
+    p.add_argument(
+        "--batch-sizes", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+        help="tokens per expert to tune for (powers of two; others are rounded up)",
+    )  # fmt: skip
+    p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
+    p.set_defaults(func=_cmd_tune)
 
     for module in _COMMAND_MODULES:
         importlib.import_module(module).add_cli(sub)

@@ -152,9 +152,26 @@ def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
 # The op.
 
 
+_caches: dict[int, object] = {}
+
+
 def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
-    """The config for this call: the autotune cache when it knows the shape, else the heuristic."""
-    return heuristic_config(num_pairs / max(num_experts, 1))
+    """The config for this call: the autotune cache of this GPU when it knows the shape, else the heuristic.
+
+    The cache is read once per device and its answers are memoized, so a call costs a dict lookup.
+    """
+    tokens_per_expert = num_pairs / max(num_experts, 1)
+    if device.type != "cuda":
+        return heuristic_config(tokens_per_expert)
+    from sglang_glm5.autotune import ConfigCache
+    from sglang_glm5.hardware import detect
+    from sglang_glm5.shapes import MoeShape
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cache = _caches.get(index)
+    if cache is None:
+        cache = _caches[index] = ConfigCache(detect(index))
+    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert)
 
 
 def nvfp4_fused_moe(

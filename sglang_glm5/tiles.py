@@ -1,8 +1,23 @@
-"""Tile configs of the NVFP4 MoE kernels and the safe default heuristic."""
+"""Tile configs of the NVFP4 MoE kernels, their shared memory on a target GPU, and the default heuristic.
+
+Shared memory decides whether a config launches at all: SM120 gives a block 101376 B, Hopper 232448 B.
+Two answers, both without a GPU:
+
+- ``model_shared_bytes``: an analytic upper bound, for pruning large search spaces instantly;
+- ``compiled_shared_bytes``: Triton's own number, from compiling the kernel ahead of time for the
+  target (``metadata.shared``; oversized configs still compile, the limit is checked only at launch),
+  memoized on disk per Triton version and kernel source.
+
+The tests check on samples that the model never calls feasible a config the compiler does not.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from dataclasses import dataclass
+
+from sglang_glm5.hardware import GpuTarget
 
 KERNELS = ("gemm1", "gemm2")
 
@@ -28,6 +43,10 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"GemmConfig.num_stages must be in 1..8, got {self.num_stages}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}"
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -64,3 +83,86 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     else:
         cfg = GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
     return MoeConfig(gemm1=cfg, gemm2=cfg)
+
+
+def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
+    """Upper bound on the shared memory of one MoE GEMM kernel.
+
+    Per pipeline stage: the 16-bit activation tile (BM x BK x 2) and, per weight matrix (gate and up
+    in gemm1), packed bytes BN x BK / 2 plus scales BN x BK / 16. Hopper and Blackwell datacenter
+    parts (wgmma/TMA pipelines) keep num_stages buffers, the mma.sync parts (SM80/86/89/120)
+    num_stages - 1 (FACTS.md). On top: the decoded fp16 weight tile (BN x BK x 2) and an fp32-sized
+    output tile (BM x BN x 2), either of which may be staged through shared memory for a layout change.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    weights = 2 if kernel == "gemm1" else 1
+    stage = 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
+    buffers = cfg.num_stages if target.arch in (90, 100, 103) else max(cfg.num_stages - 1, 1)
+    return buffers * stage + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
+
+
+def _kernel_fn(kernel: str):
+    from sglang_glm5.kernels import nvfp4_moe as k
+
+    return {"gemm1": k.nvfp4_moe_gemm1_kernel, "gemm2": k.nvfp4_moe_gemm2_kernel}[kernel]
+
+
+# Pointer arguments and their element types; every other non-constexpr argument is an i32.
+_POINTERS = {
+    "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
+    "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+}  # fmt: skip
+# Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
+_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
+
+
+def _compile(kernel: str, cfg: GemmConfig, arch: int):
+    import triton
+    from triton.backends.compiler import GPUTarget as TritonTarget
+
+    fn = _kernel_fn(kernel)
+    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "INTERPRETER": False}
+    sig = {a: "constexpr" if a in consts else _POINTERS.get(a, "i32") for a in fn.arg_names}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, a in enumerate(fn.arg_names)
+        if sig[a] != "constexpr" and a not in _NOT_DIVISIBLE
+    }
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
+
+
+def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
+    import triton
+
+    from sglang_glm5.kernels import nvfp4_moe
+
+    source = inspect.getsource(nvfp4_moe)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
+
+
+def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
+    """Shared memory of the kernel compiled ahead of time for the target's architecture (no GPU needed)."""
+    from sglang_glm5._files import cache_dir, read_json, update_json
+
+    path = cache_dir() / "aot_shared.json"
+    key = _memo_key(kernel, cfg, target.arch)
+    if memo:
+        try:
+            known = read_json(path).get(key)
+        except (FileNotFoundError, ValueError):
+            known = None
+        if isinstance(known, int):
+            return known
+    shared = int(_compile(kernel, cfg, target.arch).metadata.shared)
+    if memo:
+        update_json(path, lambda d: d.__setitem__(key, shared))
+    return shared
+
+
+def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, str]:
+    """The kernel's PTX and other assembly for the target (for instruction checks)."""
+    return dict(_compile(kernel, cfg, target.arch).asm)

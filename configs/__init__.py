@@ -1,0 +1,1 @@
+"""Data shipped with the package: autotune caches per GPU (autotune/) and launch profiles (profiles/)."""
