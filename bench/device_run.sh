@@ -30,6 +30,12 @@ fi
 if [[ $STEPS == *sweep* ]]; then
   python3 bench/sweep_configs.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || rc=1
 fi
+if [[ $STEPS == *tune* ]]; then
+  # Measured configs for this GPU into the user cache (which the op then reads), copied to $OUT.
+  python3 -m sglang_glm5.cli tune --target local --shape ${TUNE_SHAPES:-glm5-ep8} \
+    --batch-sizes "${TUNE_BATCHES:-1,16,64,2048}" 2>&1 | tee "$OUT/tune.log" || rc=1
+  cp "${SGLANG_GLM5_CACHE_DIR:-$HOME/.cache/sglang_glm5}"/autotune/*.json "$OUT/" 2>/dev/null
+fi
 if [[ $STEPS == *bench* ]]; then
   python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}" ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench.log" || rc=1

@@ -133,13 +133,24 @@ class ConfigCache:
             self.entries.update(_load_entries(path, target))
         self._memo: dict[tuple, MoeConfig] = {}
 
+    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: int) -> Entry | None:
+        """The entry of this bucket, else of the nearest tuned bucket (ties: the smaller)."""
+        exact = self.entries.get(cache_key(self.target, kernel, enk, bucket))
+        if exact is not None:
+            return exact
+        prefix = cache_key(self.target, kernel, enk, 0).rsplit("|", 1)[0] + "|m="
+        tuned = [(int(k[len(prefix) :]), e) for k, e in self.entries.items() if k.startswith(prefix)]
+        if not tuned:
+            return None
+        return min(tuned, key=lambda be: (abs(be[0].bit_length() - bucket.bit_length()), be[0]))[1]
+
     def lookup(self, shape: MoeShape, tokens_per_expert: float) -> MoeConfig:
         bucket = m_bucket(tokens_per_expert)
         memo_key = (shape.num_experts, shape.hidden, shape.inter, bucket)
         cfg = self._memo.get(memo_key)
         if cfg is None:
             fallback = tiles.heuristic_config(tokens_per_expert)
-            found = [self.entries.get(cache_key(self.target, k, gemm_shape(k, shape), bucket)) for k in tiles.KERNELS]
+            found = [self._nearest(k, gemm_shape(k, shape), bucket) for k in tiles.KERNELS]
             cfg = MoeConfig(
                 gemm1=found[0].config if found[0] else fallback.gemm1,
                 gemm2=found[1].config if found[1] else fallback.gemm2,
@@ -177,7 +188,8 @@ def search_space(bucket: int) -> list[GemmConfig]:
     """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes."""
     block_ms = [16] if bucket <= 16 else [16, 32] if bucket <= 32 else [32, 64] if bucket <= 64 else [64, 128]
     out = []
-    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128, 256), (2, 3, 4)):
+    # block_k 256 and 3 stages never won a sweep on H200 (bench/h200/h200_sweep.log): left out.
+    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128), (2, 4)):
         for warps in (4, 8) if bm * bn >= 64 * 64 else (2, 4):
             out.append(GemmConfig(bm, bn, bk, warps, stages))
     return out
@@ -211,17 +223,22 @@ def feasible_candidates(
     kernel: str, bucket: int, target: GpuTarget, report: TuneReport, compile_check: bool = True
 ) -> list[tuple[GemmConfig, int]]:
     """Candidates that fit the target's shared memory, with their shared bytes (compiled, else modelled)."""
-    out = []
+    fits_model = []
     for cfg in search_space(bucket):
         report.candidates += 1
-        if not target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
+        if target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
+            fits_model.append(cfg)
+        else:
             report.pruned_by_model += 1
-            continue
-        shared = tiles.compiled_shared_bytes(kernel, cfg, target) if compile_check else None
-        if shared is not None and not target.fits(shared):
+    if not compile_check:
+        return [(cfg, tiles.model_shared_bytes(kernel, cfg, target)) for cfg in fits_model]
+    out = []
+    compiled = tiles.compiled_shared_bytes_many([(kernel, cfg) for cfg in fits_model], target)
+    for cfg, shared in zip(fits_model, compiled, strict=True):
+        if target.fits(shared):
+            out.append((cfg, shared))
+        else:
             report.pruned_by_compiler += 1
-            continue
-        out.append((cfg, shared if shared is not None else tiles.model_shared_bytes(kernel, cfg, target)))
     return out
 
 

@@ -144,25 +144,87 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
 
 
-def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
-    """Shared memory of the kernel compiled ahead of time for the target's architecture (no GPU needed)."""
+def _compile_in_worker(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = False) -> list:
+    """Compile in fresh Python processes with the interpreter off: kernels defined under
+    TRITON_INTERPRET=1 cannot be compiled, and a compiler crash must not take the caller down.
+    Large batches are split over up to one process per CPU core."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    procs = []
+    for chunk in chunks:
+        payload = json.dumps({"asm": want_asm, "jobs": [(k, c.as_dict(), a) for k, c, a in chunk]})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_glm5.tiles"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        procs.append((proc, payload, chunk))
+    results: dict[int, object] = {}
+    for w, (proc, payload, chunk) in enumerate(procs):
+        out, err = proc.communicate(payload)
+        if proc.returncode != 0:
+            tail = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+            raise RuntimeError(f"ahead-of-time compile failed for {[(k, c.label, a) for k, c, a in chunk]}: {tail}")
+        for i, value in enumerate(json.loads(out)):
+            results[w + i * workers] = value  # chunk w holds jobs w, w + workers, ...
+    return [results[i] for i in range(len(jobs))]
+
+
+def compiled_shared_bytes_many(
+    items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
+) -> list[int]:
+    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture.
+
+    No GPU needed. Results are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
+    version and kernel source; the missing ones compile together in one worker process.
+    """
     from sglang_glm5._files import cache_dir, read_json, update_json
 
     path = cache_dir() / "aot_shared.json"
-    key = _memo_key(kernel, cfg, target.arch)
+    keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
+    known: dict = {}
     if memo:
         try:
-            known = read_json(path).get(key)
+            known = read_json(path)
         except (FileNotFoundError, ValueError):
-            known = None
-        if isinstance(known, int):
-            return known
-    shared = int(_compile(kernel, cfg, target.arch).metadata.shared)
-    if memo:
-        update_json(path, lambda d: d.__setitem__(key, shared))
-    return shared
+            known = {}
+    missing = sorted({i for i, key in enumerate(keys) if not isinstance(known.get(key), int)})
+    if missing:
+        fresh = _compile_in_worker([(items[i][0], items[i][1], target.arch) for i in missing])
+        new = {keys[i]: int(v) for i, v in zip(missing, fresh, strict=True)}
+        known = {**known, **new}
+        if memo:
+            update_json(path, lambda d: d.update(new))
+    return [int(known[key]) for key in keys]
+
+
+def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
+    """Shared memory of one kernel compiled ahead of time for the target (see compiled_shared_bytes_many)."""
+    return compiled_shared_bytes_many([(kernel, cfg)], target, memo=memo)[0]
 
 
 def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, str]:
-    """The kernel's PTX and other assembly for the target (for instruction checks)."""
-    return dict(_compile(kernel, cfg, target.arch).asm)
+    """The kernel's PTX (key "ptx") for the target, for instruction checks."""
+    return _compile_in_worker([(kernel, cfg, target.arch)], want_asm=True)[0]
+
+
+def _worker() -> None:
+    """python -m sglang_glm5.tiles: compile the jobs given as JSON on stdin; results as JSON on stdout."""
+    import json
+    import sys
+
+    request = json.load(sys.stdin)
+    results = []
+    for kernel, cfg, arch in request["jobs"]:
+        compiled = _compile(kernel, GemmConfig(**cfg), arch)
+        results.append({"ptx": compiled.asm["ptx"]} if request["asm"] else int(compiled.metadata.shared))
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,0 +1,144 @@
+"""The config cache (lookup order, robustness, concurrent writes) and the tuner's pruning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from sglang_glm5 import autotune, tiles
+from sglang_glm5.autotune import ConfigCache, Entry, cache_key, gemm_shape, m_bucket
+from sglang_glm5.hardware import TARGETS
+from sglang_glm5.moe import nvfp4_fused_moe
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.shapes import MoeShape
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig
+
+SM120 = TARGETS["rtx-pro-6000"]
+SHAPE = MoeShape(num_experts=4, hidden=64, inter=32, top_k=2)
+SMALL = GemmConfig(16, 32, 64, 2, 2)
+TOO_BIG_FOR_SM120 = GemmConfig(128, 128, 128, 8, 4)  # 181248 B compiled for sm_120
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    autotune._reported.clear()
+    return tmp_path
+
+
+def _entry(cfg: GemmConfig, shared: int = 20000) -> Entry:
+    return Entry(cfg, shared, 0.5, "test")
+
+
+def _key(kernel: str, bucket: int) -> str:
+    return cache_key(SM120, kernel, gemm_shape(kernel, SHAPE), bucket)
+
+
+def test_m_bucket():
+    assert [m_bucket(v) for v in (0.2, 1, 1.5, 3, 16, 17, 10**6)] == [1, 1, 2, 4, 16, 32, autotune.MAX_BUCKET]
+
+
+def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
+    user, shipped = tmp_path / "user.json", tmp_path / "shipped.json"
+    other = GemmConfig(32, 64, 128, 4, 2)
+    autotune.store(shipped, SM120, {_key("gemm1", 1): _entry(other), _key("gemm2", 1): _entry(other)})
+    autotune.store(user, SM120, {_key("gemm1", 1): _entry(SMALL)})
+    cfg = ConfigCache(SM120, [user, shipped]).lookup(SHAPE, 1)
+    assert cfg.gemm1 == SMALL and cfg.gemm2 == other
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == tiles.heuristic_config(1)
+
+
+def test_nearest_tuned_bucket_is_used(tmp_path):
+    path = tmp_path / "c.json"
+    autotune.store(path, SM120, {_key("gemm1", 16): _entry(SMALL)})
+    assert ConfigCache(SM120, [path]).lookup(SHAPE, 4).gemm1 == SMALL
+
+
+def _run_op_with(cache: ConfigCache, gen) -> None:
+    """The op with whatever the cache gives still matches the reference."""
+    layer = random_layer(SHAPE.num_experts, SHAPE.hidden, SHAPE.inter, gen)
+    x = torch.randn(3, SHAPE.hidden, generator=gen).bfloat16()
+    weights, ids = random_routing(3, SHAPE.num_experts, SHAPE.top_k, gen)
+    args = (x, *layer.args(), weights, ids)
+    out = nvfp4_fused_moe(*args, config=cache.lookup(SHAPE, 1.5))
+    ref = nvfp4_fused_moe_reference(*args)
+    assert ((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_truncated_file_is_reported_once_and_skipped_then_repaired(tmp_path, caplog, gen):
+    path = tmp_path / "c.json"
+    autotune.store(path, SM120, {_key("gemm1", 2): _entry(SMALL)})
+    path.write_text(path.read_text()[:40])
+    with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
+        cache = ConfigCache(SM120, [path])
+        ConfigCache(SM120, [path])
+    assert sum("not valid JSON" in r.message for r in caplog.records) == 1
+    assert cache.lookup(SHAPE, 2) == tiles.heuristic_config(2)
+    _run_op_with(cache, gen)
+    autotune.store(path, SM120, {_key("gemm2", 2): _entry(SMALL)})  # a write repairs the file
+    assert set(json.loads(path.read_text())["entries"]) == {_key("gemm2", 2)}
+
+
+def test_unknown_keys_and_unfit_configs_are_skipped(tmp_path, caplog, gen):
+    path = tmp_path / "c.json"
+    good = _entry(SMALL).as_json()
+    unknown = {**good, "config": {**good["config"], "split_k": 4}}
+    unfit = {**_entry(TOO_BIG_FOR_SM120).as_json(), "shared_bytes": 181248}
+    path.write_text(json.dumps({"entries": {_key("gemm1", 2): unknown, _key("gemm2", 2): unfit}, "extra": 1}))
+    with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
+        cache = ConfigCache(SM120, [path])
+    assert cache.entries == {}
+    text = " ".join(r.message for r in caplog.records)
+    assert "malformed entry" in text and "exceeds rtx-pro-6000's 101376 B" in text
+    _run_op_with(cache, gen)
+
+
+def _writer(path: str, worker: int) -> None:
+    items = {f"t|sm_120|gemm1|E=1,N=1,K=1|m={worker}-{i}": _entry(SMALL) for i in range(25)}
+    for key, entry in items.items():
+        autotune.store(__import__("pathlib").Path(path), SM120, {key: entry})
+
+
+def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
+    path = tmp_path / "shared.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == 50
+
+
+def test_tuner_never_benchmarks_an_infeasible_config(monkeypatch):
+    space = [SMALL, GemmConfig(16, 64, 64, 4, 4), TOO_BIG_FOR_SM120, GemmConfig(128, 128, 256, 8, 4)]
+    monkeypatch.setattr(autotune, "search_space", lambda bucket: space)
+    calls = []
+
+    def fake_bench(kernel, cfg, bucket):
+        shared = tiles.compiled_shared_bytes(kernel, cfg, SM120)
+        assert SM120.fits(shared), f"benchmarked {cfg.label}: {shared} B does not fit sm_120"
+        calls.append((kernel, cfg))
+        return 1.0 / cfg.block_n  # the widest feasible tile wins
+
+    entries, report = autotune.tune(SM120, SHAPE, [1], fake_bench)
+    assert report.candidates == 8 and report.pruned == 4 and report.benchmarked == 4 == len(calls)
+    assert report.pruned_by_model >= 2  # the 256-deep tile never reaches the compiler
+    assert entries[_key("gemm1", 1)].config == GemmConfig(16, 64, 64, 4, 4)
+    assert entries[_key("gemm1", 1)].ms == pytest.approx(1 / 64)
+    assert "4 pruned as infeasible" in report.summary()
+
+
+def test_offline_tune_stores_feasible_unmeasured_picks():
+    entries, report = autotune.tune(SM120, SHAPE, [1, 64], None)
+    assert report.benchmarked == 0 and len(entries) == 4
+    for entry in entries.values():
+        assert entry.ms is None and SM120.fits(entry.shared_bytes)
+        assert entry.as_json()["measured"] is False

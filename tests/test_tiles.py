@@ -1,0 +1,92 @@
+"""Shared memory per target: the analytic model against Triton's ahead-of-time compile (no GPU)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from sglang_glm5 import tiles
+from sglang_glm5.hardware import TARGETS, resolve
+from sglang_glm5.tiles import GemmConfig
+
+SAMPLE = [
+    GemmConfig(16, 64, 64, 4, 4),  # the decode heuristic
+    GemmConfig(32, 32, 128, 2, 2),  # narrow N, long K
+    GemmConfig(128, 64, 64, 4, 3),  # the prefill heuristic
+    GemmConfig(64, 128, 128, 4, 4),  # near the SM120 limit
+    GemmConfig(128, 128, 128, 8, 4),  # over it on sm_120, under on sm_90
+]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("target", ["rtx-pro-6000", "h200"])
+@pytest.mark.parametrize("kernel", tiles.KERNELS)
+def test_model_bounds_the_compiler(target, kernel, fresh_cache):
+    t = resolve(target)
+    verdicts = []
+    for cfg, compiled in zip(SAMPLE, tiles.compiled_shared_bytes_many([(kernel, c) for c in SAMPLE], t), strict=True):
+        modelled = tiles.model_shared_bytes(kernel, cfg, t)
+        assert compiled <= modelled, f"{cfg.label} on {t.sm}: model {modelled} B < compiler {compiled} B"
+        verdicts.append(t.fits(compiled))
+    if target == "rtx-pro-6000":
+        assert verdicts[0] and not verdicts[-1], "the sample must hold a config on each side of 101376 B"
+
+
+def test_compiled_shared_bytes_is_memoized_on_disk(fresh_cache):
+    cfg, t = SAMPLE[0], TARGETS["rtx-pro-6000"]
+    first = tiles.compiled_shared_bytes("gemm2", cfg, t)
+    memo = json.loads((fresh_cache / "aot_shared.json").read_text())
+    assert list(memo.values()) == [first]
+    key = next(iter(memo))
+    (fresh_cache / "aot_shared.json").write_text(json.dumps({key: 12345}))
+    assert tiles.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
+
+
+def test_sm120_compile_uses_mma_sync_not_wgmma(fresh_cache):
+    asm = tiles.compiled_asm("gemm1", SAMPLE[2], TARGETS["rtx-pro-6000"])
+    assert "mma.sync" in asm["ptx"] and "wgmma" not in asm["ptx"]
+    assert ".target sm_120" in asm["ptx"]
+
+
+def _shipped(name: str) -> dict:
+    path = Path(str(resources.files("sglang_glm5.configs"))) / "autotune" / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
+    data = _shipped("rtx-pro-6000")
+    assert data["_metadata"]["arch"] == 120 and data["entries"]
+    target = TARGETS["rtx-pro-6000"]
+    items = sorted({(key.split("|")[2], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
+    seen = dict(zip(items, tiles.compiled_shared_bytes_many(items, target), strict=True))
+    for key, entry in data["entries"].items():
+        kernel = key.split("|")[2]
+        cfg = GemmConfig(**entry["config"])
+        assert target.fits(seen[(kernel, cfg)]), f"{key}: {cfg.label} needs {seen[(kernel, cfg)]} B on sm_120"
+        assert entry["measured"] is False, "no SM120 GPU measured these"
+
+
+def test_heuristic_fits_every_target_by_the_model():
+    for t in TARGETS.values():
+        for m in (1, 16, 32, 64, 128, 4096):
+            cfg = tiles.heuristic_config(m)
+            for kernel in tiles.KERNELS:
+                assert t.fits(tiles.model_shared_bytes(kernel, getattr(cfg, kernel), t)), (t.name, m, kernel)
+
+
+def test_resolve_targets():
+    assert resolve("rtx-pro-6000").shared_per_block == 101376
+    assert resolve("sm_121").shared_per_block == 101376
+    assert resolve("sm90").shared_per_block == 232448
+    assert resolve("sm80").shared_per_block == 166912
+    assert resolve("sm86").shared_per_block == 101376
+    with pytest.raises(ValueError, match="unknown 'gtx-1080'"):
+        resolve("gtx-1080")
