@@ -5,10 +5,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=$(realpath -m "${OUT:-device_out}"); mkdir -p "$OUT"
-# Lay the package out as it installs (kernels/ -> sglang_glm5/kernels) and run from there, so that
+# Lay the package out as it installs (kernels/ -> sglang_glm5/kernels, ...) and run from there, so that
 # the repository's own sglang_glm5/ folder does not shadow it.
 PKG=/tmp/pkg; rm -rf "$PKG"; mkdir -p "$PKG"
-cp -r sglang_glm5 tests bench "$PKG/" && cp -r kernels "$PKG/sglang_glm5/kernels"
+cp -r sglang_glm5 tests bench "$PKG/"
+for sub in kernels patches loadtest configs; do cp -r "$sub" "$PKG/sglang_glm5/$sub"; done
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import pytest" 2>/dev/null && [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
