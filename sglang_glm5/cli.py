@@ -15,7 +15,12 @@ import time
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
 
 # Modules that add their own subcommands (each exposes add_cli(subparsers)).
-_COMMAND_MODULES: tuple[str, ...] = ("sglang_glm5.loadtest.cli", "sglang_glm5.doctor")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "sglang_glm5.loadtest.cli",
+    "sglang_glm5.doctor",
+    "sglang_glm5.plan",
+    "sglang_glm5.serve",
+)
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:

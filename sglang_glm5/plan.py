@@ -1,0 +1,390 @@
+"""``sglang-glm5 plan``: will GLM-5-NVFP4 fit, and how many tokens of KV cache are left, under a profile.
+
+Per GPU: routed-expert weights in NVFP4 (packed e2m1 + one e4m3 scale per 16 + fp32 per-tensor scales),
+everything else in BF16, split the way SGLang 0.5.23's DeepSeek-V2 model code splits it:
+
+- routed experts: 1/tp of them per GPU (E/ep experts, each cut tp/ep ways along the intermediate dim);
+- MLA: q_a, kv_a and the DSA indexer are ``ReplicatedLinear`` (every GPU holds them); q_b, kv_b, o_proj
+  and the w_kc / w_vc copies made from kv_b after loading are split over the attention-TP group
+  (tp / attn-dp GPUs);
+- shared experts and the 3 dense MLPs: split over tp (replicated with flashinfer_cutlass when its FP4
+  all-gather path is on: DP attention with ep == attn-dp);
+- embedding: split over tp, or over the attention-TP group under DP attention; lm_head over tp, or the
+  attention-TP group with --enable-dp-lm-head; router and norms replicated.
+
+KV cache per token (MLA + DSA, ``pool_configurator`` in SGLang): per layer (kv_lora_rank + qk_rope_head_dim)
+elements of the KV dtype (FP8 e4m3: the latent in FP8 with an fp32 scale per 128, the rope part in BF16),
+plus the indexer's FP8 key with its scale (index_head_dim + index_head_dim / 128 * 4 bytes). MLA keeps
+one latent per token for all heads, so the cache is not split by tensor parallelism: each attention
+data-parallel rank holds the whole cache of its own requests. SGLang gives mem-fraction-static of the
+GPU's memory to weights + KV; the rest is for activations and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from sglang_glm5.profiles import DEFAULT_PROFILE, FlagValue, Profile, load_profile
+
+GIB = 1 << 30
+BF16 = 2
+NVFP4_GROUP = 16  # elements per e4m3 block scale
+DSA_QUANT_BLOCK = 128  # FP8 KV / indexer key: one fp32 scale per 128 elements
+DEFAULT_MODEL_CONFIG = "glm-5.json"
+
+
+class PlanError(ValueError):
+    """The plan does not fit, or its inputs are inconsistent. The message says by how much."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The config.json fields that decide memory (DeepSeek-V3.2-style MLA + DSA MoE, e.g. GLM-5)."""
+
+    hidden: int
+    layers: int
+    dense_layers: int  # first_k_dense_replace
+    experts: int
+    shared_experts: int
+    top_k: int
+    moe_inter: int
+    dense_inter: int
+    heads: int
+    q_lora: int
+    kv_lora: int
+    qk_nope: int
+    qk_rope: int
+    v_head: int
+    index_head_dim: int  # 0: no DSA indexer
+    index_heads: int
+    vocab: int
+    max_context: int
+    tie_embeddings: bool
+
+    _KEYS = {
+        "hidden": "hidden_size", "layers": "num_hidden_layers", "dense_layers": "first_k_dense_replace",
+        "experts": "n_routed_experts", "shared_experts": "n_shared_experts", "top_k": "num_experts_per_tok",
+        "moe_inter": "moe_intermediate_size", "dense_inter": "intermediate_size", "heads": "num_attention_heads",
+        "q_lora": "q_lora_rank", "kv_lora": "kv_lora_rank", "qk_nope": "qk_nope_head_dim",
+        "qk_rope": "qk_rope_head_dim", "v_head": "v_head_dim", "vocab": "vocab_size",
+        "max_context": "max_position_embeddings",
+    }  # fmt: skip
+
+    @classmethod
+    def from_config(cls, config: dict, where: str = "config.json") -> ModelShape:
+        missing = [key for key in cls._KEYS.values() if not isinstance(config.get(key), int)]
+        if missing:
+            raise PlanError(f"{where}: not an MLA MoE config (GLM-5 / DeepSeek-V3 style); missing {', '.join(missing)}")
+        values = {field: config[key] for field, key in cls._KEYS.items()}
+        dsa = isinstance(config.get("index_topk"), int)
+        return cls(
+            **values,
+            index_head_dim=int(config.get("index_head_dim", 0)) if dsa else 0,
+            index_heads=int(config.get("index_n_heads", 0)) if dsa else 0,
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers
+
+
+def load_model_config(path: str | Path | None = None) -> tuple[ModelShape, str]:
+    """The shape from a config.json (a file or a model folder), or GLM-5's shipped one."""
+    if path is None:
+        text = (files("sglang_glm5.configs") / "models" / DEFAULT_MODEL_CONFIG).read_text()
+        return ModelShape.from_config(json.loads(text), "GLM-5"), "GLM-5 (shipped config)"
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise PlanError(f"model config {p} does not exist")
+    try:
+        config = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PlanError(f"model config {p}: cannot read it as JSON ({e})") from None
+    return ModelShape.from_config(config, str(p)), str(p)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    ep: int
+    attn_dp: int
+    backend: str  # --moe-runner-backend
+    dp_lm_head: bool = False
+
+    @property
+    def attn_tp(self) -> int:
+        return self.tp // self.attn_dp
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    bytes_per_gpu: int
+    split: str  # how it is divided over the GPUs, for the report
+
+
+def weight_parts(m: ModelShape, lay: Layout) -> list[Part]:
+    """Weight bytes per GPU, by part (see the module docstring for the splits)."""
+    h, i = m.hidden, m.moe_inter
+    # One routed expert in NVFP4: w13 [2I, H] and w2 [H, I] as packed e2m1 + e4m3 scales per 16.
+    expert_packed = (2 * i * h + h * i) // 2 + (2 * i * h + h * i) // NVFP4_GROUP
+    experts = m.moe_layers * m.experts * expert_packed // lay.tp
+    experts += m.moe_layers * (m.experts // lay.ep * 3 * 4 + m.experts * 3 * 4)  # fp32 scale_2 (local), input scales
+    replicated_attn = h * m.q_lora + h * (m.kv_lora + m.qk_rope)  # q_a, kv_a
+    if m.index_head_dim:
+        replicated_attn += m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
+    kv_b = m.kv_lora * m.heads * (m.qk_nope + m.v_head)
+    split_attn = (
+        m.q_lora * m.heads * (m.qk_nope + m.qk_rope) + 2 * kv_b + m.heads * m.v_head * h
+    )  # q_b, kv_b+w_kc/w_vc, o
+    attention = m.layers * (replicated_attn + split_attn // lay.attn_tp) * BF16
+    fp4_allgather = lay.backend == "flashinfer_cutlass" and lay.attn_dp > 1 and lay.ep == lay.attn_dp
+    shared_div = 1 if fp4_allgather else lay.tp
+    shared = m.moe_layers * m.shared_experts * 3 * h * i * BF16 // shared_div
+    dense = m.dense_layers * 3 * h * m.dense_inter * BF16 // lay.tp
+    router = m.moe_layers * (m.experts * h * BF16 + m.experts * 4)
+    norms = (m.layers * (2 * h + m.q_lora + m.kv_lora + 2 * m.index_head_dim) + h) * BF16
+    embed_div = lay.attn_tp if lay.attn_dp > 1 else lay.tp
+    embed = m.vocab * h * BF16 // embed_div
+    head = 0 if m.tie_embeddings else m.vocab * h * BF16 // (lay.attn_tp if lay.dp_lm_head else lay.tp)
+    return [
+        Part("routed experts (NVFP4)", experts, f"{m.experts // lay.ep} of {m.experts} experts x 1/{lay.tp // lay.ep}"),
+        Part("attention (MLA + DSA indexer)", attention, f"a-proj and indexer replicated, the rest 1/{lay.attn_tp}"),
+        Part("shared experts", shared, "replicated (FP4 all-gather path)" if shared_div == 1 else f"1/{lay.tp}"),
+        Part("dense MLP layers", dense, f"1/{lay.tp}"),
+        Part("embedding", embed, f"1/{embed_div}"),
+        Part("lm_head", head, "tied" if m.tie_embeddings else f"1/{lay.attn_tp if lay.dp_lm_head else lay.tp}"),
+        Part("router and norms", router + norms, "replicated"),
+    ]
+
+
+def kv_bytes_per_token(m: ModelShape, kv_dtype: str) -> int:
+    """KV-cache bytes per token on one attention rank, all layers (SGLang 0.5.23's MLA/DSA pool layout)."""
+    latent = m.kv_lora + m.qk_rope
+    if kv_dtype in ("auto", "bf16", "bfloat16"):
+        per_layer = latent * BF16
+    elif kv_dtype == "fp8_e4m3" and m.index_head_dim:
+        per_layer = m.kv_lora + m.kv_lora // DSA_QUANT_BLOCK * 4 + m.qk_rope * BF16
+    elif kv_dtype in ("fp8_e4m3", "fp8_e5m2"):
+        per_layer = latent
+    else:
+        raise PlanError(f"--kv-cache-dtype {kv_dtype}: the planner knows auto, bfloat16, fp8_e4m3, fp8_e5m2")
+    if m.index_head_dim:
+        per_layer += m.index_head_dim + m.index_head_dim // DSA_QUANT_BLOCK * 4
+    return m.layers * per_layer
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: Profile
+    model_name: str
+    model: ModelShape
+    layout: Layout
+    context: int
+    gpu_memory: int  # bytes per GPU
+    mem_fraction: float
+    kv_dtype: str
+    parts: tuple[Part, ...]
+    kv_bytes_per_token: int
+    max_running_requests: int
+    cuda_graph_max_bs_decode: int
+
+    @property
+    def weights(self) -> int:
+        return sum(p.bytes_per_gpu for p in self.parts)
+
+    @property
+    def static_budget(self) -> int:
+        return int(self.gpu_memory * self.mem_fraction)
+
+    @property
+    def kv_pool(self) -> int:
+        return self.static_budget - self.weights
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return max(self.kv_pool, 0) // self.kv_bytes_per_token
+
+    @property
+    def tokens_total(self) -> int:
+        return self.tokens_per_rank * self.layout.attn_dp
+
+    @property
+    def requests_at_context(self) -> int:
+        return self.layout.attn_dp * (self.tokens_per_rank // self.context)
+
+    def values(self) -> dict[str, FlagValue]:
+        """The flags whose values come from the plan rather than straight from the profile."""
+        return {
+            "context-length": self.context,
+            "max-running-requests": self.max_running_requests,
+            "cuda-graph-max-bs-decode": self.cuda_graph_max_bs_decode,
+        }
+
+
+def _int(profile: Profile, overrides: dict[str, str], name: str, default: int) -> int:
+    raw = overrides.get(name, profile.get(name, default))
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise PlanError(f"--{name} {raw}: expected an integer") from None
+
+
+def make_plan(
+    profile: Profile,
+    model: ModelShape,
+    *,
+    model_name: str = "GLM-5",
+    context: int | None = None,
+    gpu_memory_gib: float | None = None,
+    overrides: dict[str, str] | None = None,
+    check: bool = True,
+) -> Plan:
+    """The plan for ``profile`` with SGLang flag values from ``overrides`` (flag name without "--" -> value).
+
+    With ``check`` (the default) raises PlanError when the weights or one request of ``context`` tokens do not fit.
+    """
+    ov = overrides or {}
+    tp = _int(profile, ov, "tp-size", 1)
+    ep = _int(profile, ov, "ep-size", 1)
+    attn_dp = _int(profile, ov, "attn-dp-size", 1)
+    backend = str(ov.get("moe-runner-backend", profile.get("moe-runner-backend", "auto")))
+    dp_lm_head = "enable-dp-lm-head" in ov or profile.get("enable-dp-lm-head") is True
+    if tp != profile.num_gpus:
+        raise PlanError(f"--tp-size {tp} must equal the GPUs of profile {profile.name}: {profile.num_gpus}")
+    if ep < 1 or tp % ep or model.experts % ep:
+        raise PlanError(f"--ep-size {ep} must divide --tp-size {tp} and the {model.experts} experts")
+    if attn_dp < 1 or tp % attn_dp:
+        raise PlanError(f"--attn-dp-size {attn_dp} must divide --tp-size {tp}")
+    if backend == "flashinfer_cutlass" and ep not in (1, tp):
+        raise PlanError(f"--moe-runner-backend flashinfer_cutlass needs --ep-size 1 or {tp} (the tp size), got {ep}")
+    ctx = context or _int(profile, ov, "context-length", profile.context)
+    if not 1 <= ctx <= model.max_context:
+        raise PlanError(f"--context {ctx}: expected 1 to {model.max_context} (the model's max_position_embeddings)")
+    try:
+        mem_fraction = float(ov.get("mem-fraction-static", profile.get("mem-fraction-static", 0.85)))
+    except ValueError:
+        raise PlanError(f"--mem-fraction-static {ov['mem-fraction-static']}: expected a number") from None
+    if not 0 < mem_fraction < 1:
+        raise PlanError(f"--mem-fraction-static {mem_fraction}: expected a fraction between 0 and 1")
+    layout = Layout(tp, ep, attn_dp, backend, dp_lm_head)
+    max_running = _int(profile, ov, "max-running-requests", 256)
+    graph_bs = min(_int(profile, ov, "cuda-graph-max-bs-decode", 256), math.ceil(max_running / attn_dp))
+    kv_dtype = str(ov.get("kv-cache-dtype", profile.get("kv-cache-dtype", "auto")))
+    memory = gpu_memory_gib if gpu_memory_gib is not None else profile.gpu_memory_gib
+    plan = Plan(
+        profile, model_name, model, layout, ctx, int(memory * GIB), mem_fraction, kv_dtype,
+        tuple(weight_parts(model, layout)), kv_bytes_per_token(model, kv_dtype), max_running, graph_bs,
+    )  # fmt: skip
+    if check:
+        check_fits(plan)
+    return plan
+
+
+def check_fits(plan: Plan) -> None:
+    budget, weights = plan.static_budget, plan.weights
+    where = f"{plan.model_name} under {plan.profile.name} on {plan.gpu_memory / GIB:.1f} GiB GPUs"
+    if weights > budget:
+        raise PlanError(
+            f"does not fit: {where} needs {weights / GIB:.1f} GiB of weights per GPU, but --mem-fraction-static "
+            f"{plan.mem_fraction} leaves {budget / GIB:.1f} GiB for weights and KV cache: short by "
+            f"{(weights - budget) / GIB:.1f} GiB before any KV cache"
+        )
+    need = plan.context * plan.kv_bytes_per_token
+    if plan.kv_pool < need:
+        raise PlanError(
+            f"does not fit: {where} leaves {plan.kv_pool / GIB:.2f} GiB of KV cache per GPU, less than one "
+            f"--context {plan.context} request ({need / GIB:.2f} GiB): short by {(need - plan.kv_pool) / GIB:.2f} GiB"
+        )
+
+
+def attn_dp_table(plan: Plan) -> list[tuple[int, int, int | None]]:
+    """(attn-dp, weights per GPU, KV tokens in total or None when it does not fit) for each divisor of tp."""
+    rows = []
+    for d in (d for d in range(1, plan.layout.tp + 1) if plan.layout.tp % d == 0):
+        lay = Layout(plan.layout.tp, plan.layout.ep, d, plan.layout.backend, plan.layout.dp_lm_head)
+        weights = sum(p.bytes_per_gpu for p in weight_parts(plan.model, lay))
+        pool = plan.static_budget - weights
+        tokens = d * (pool // plan.kv_bytes_per_token) if pool >= plan.context * plan.kv_bytes_per_token else None
+        rows.append((d, weights, tokens))
+    return rows
+
+
+def format_plan(plan: Plan) -> str:
+    from sglang_glm5.hardware import TARGETS
+
+    lay, gb = plan.layout, 1e9
+    lines = [
+        f"plan: {plan.model_name} under {plan.profile.name}: {plan.profile.description}",
+        f"  layout: {plan.profile.num_gpus} GPUs, tp {lay.tp}, ep {lay.ep}, attn-dp {lay.attn_dp} "
+        f"(attention TP {lay.attn_tp}), MoE backend {lay.backend}",
+        "  weights per GPU:",
+    ]
+    for p in plan.parts:
+        lines.append(f"    {p.name:<30s} {p.bytes_per_gpu / gb:7.2f} GB  {p.split}")
+    lines.append(f"    {'total':<30s} {plan.weights / gb:7.2f} GB = {plan.weights / GIB:.2f} GiB")
+    target = TARGETS.get(plan.profile.gpu)
+    if target and target.mem_bandwidth:
+        floor = plan.weights / target.mem_bandwidth * 1e3
+        lines.append(f"  decode weight-read floor (every local expert touched): {floor:.1f} ms/step at "
+                     f"{target.mem_bandwidth / 1e12:.2f} TB/s ({target.name}, datasheet)")  # fmt: skip
+    lines += [
+        f"  memory per GPU: {plan.gpu_memory / GIB:.1f} GiB x mem-fraction-static {plan.mem_fraction} = "
+        f"{plan.static_budget / GIB:.2f} GiB for weights + KV; {plan.kv_pool / GIB:.2f} GiB of KV cache; "
+        f"{(plan.gpu_memory - plan.static_budget) / GIB:.2f} GiB left for activations and CUDA graphs",
+        f"  KV cache: {plan.kv_bytes_per_token} bytes per token ({plan.kv_dtype}, MLA latent + DSA indexer key, "
+        f"{plan.model.layers} layers)",
+        f"  fits: {plan.tokens_per_rank:,} tokens per attention rank x {lay.attn_dp} = {plan.tokens_total:,} tokens; "
+        f"{plan.requests_at_context} requests of the full --context {plan.context}",
+        "  attention data parallelism (same tp/ep): attn-dp  weights/GPU  KV tokens in total",
+    ]
+    for d, weights, tokens in attn_dp_table(plan):
+        mark = "  <- this plan" if d == lay.attn_dp else ""
+        fits = f"{tokens:,}" if tokens is not None else "does not fit"
+        lines.append(f"    {d:>4d}  {weights / gb:7.2f} GB  {fits}{mark}")
+    return "\n".join(lines)
+
+
+def format_flags(plan: Plan) -> str:
+    derived = plan.values()
+    lines = ["  flags:"]
+    for flag in plan.profile.flags:
+        value = derived.pop(flag.name, flag.value)
+        shown = f"--{flag.name}" + ("" if value is True else f" {value}")
+        note = "" if value == flag.value else f" (plan: profile said {flag.value})"
+        lines.append(f"    {shown:<40s} {flag.reason}{note}")
+    for name, value in derived.items():
+        lines.append(f"    {f'--{name} {value}':<40s} from --context")
+    return "\n".join(lines)
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="weights and KV cache per GPU under a launch profile; refuses a plan that does not fit",
+        description="Computes the weights per GPU (NVFP4 routed experts, BF16 rest, split as SGLang splits them), "
+        "the MLA + DSA KV-cache bytes per token, how many tokens and full-context requests fit, and the SGLang "
+        "flags that follow. Exit status 2 when the plan does not fit, with the shortfall.",
+    )
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--model-config", default=None, help="config.json or a model folder (default: GLM-5's shipped)")
+    p.add_argument("--context", type=int, default=None, help="longest request in tokens (default: the profile's)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU (default: the profile's GPU)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    model, name = load_model_config(args.model_config)
+    plan = make_plan(profile, model, model_name=name, context=args.context, gpu_memory_gib=args.gpu_memory_gib)
+    print(format_plan(plan))
+    print(format_flags(plan))
+    return 0
