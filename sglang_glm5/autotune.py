@@ -123,7 +123,11 @@ def _load_entries(path: Path, target: GpuTarget) -> dict[str, Entry]:
 
 
 class ConfigCache:
-    """Entries for one target, from the user cache over the shipped one; memoized lookups."""
+    """Entries for one target, from the user cache over the shipped one; memoized lookups.
+
+    Only the exact bucket counts: borrowing the nearest tuned bucket was measured slower than the
+    heuristic on H200 (m=32 took 1.64 ms with the m=16 tiles against 1.17 ms heuristic).
+    """
 
     def __init__(self, target: GpuTarget, paths: Iterable[Path] | None = None):
         self.target = target
@@ -133,24 +137,13 @@ class ConfigCache:
             self.entries.update(_load_entries(path, target))
         self._memo: dict[tuple, MoeConfig] = {}
 
-    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: int) -> Entry | None:
-        """The entry of this bucket, else of the nearest tuned bucket (ties: the smaller)."""
-        exact = self.entries.get(cache_key(self.target, kernel, enk, bucket))
-        if exact is not None:
-            return exact
-        prefix = cache_key(self.target, kernel, enk, 0).rsplit("|", 1)[0] + "|m="
-        tuned = [(int(k[len(prefix) :]), e) for k, e in self.entries.items() if k.startswith(prefix)]
-        if not tuned:
-            return None
-        return min(tuned, key=lambda be: (abs(be[0].bit_length() - bucket.bit_length()), be[0]))[1]
-
     def lookup(self, shape: MoeShape, tokens_per_expert: float) -> MoeConfig:
         bucket = m_bucket(tokens_per_expert)
         memo_key = (shape.num_experts, shape.hidden, shape.inter, bucket)
         cfg = self._memo.get(memo_key)
         if cfg is None:
             fallback = tiles.heuristic_config(tokens_per_expert)
-            found = [self._nearest(k, gemm_shape(k, shape), bucket) for k in tiles.KERNELS]
+            found = [self.entries.get(cache_key(self.target, k, gemm_shape(k, shape), bucket)) for k in tiles.KERNELS]
             cfg = MoeConfig(
                 gemm1=found[0].config if found[0] else fallback.gemm1,
                 gemm2=found[1].config if found[1] else fallback.gemm2,

@@ -53,10 +53,11 @@ def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == tiles.heuristic_config(1)
 
 
-def test_nearest_tuned_bucket_is_used(tmp_path):
+def test_untuned_bucket_falls_back_to_the_heuristic(tmp_path):
     path = tmp_path / "c.json"
     autotune.store(path, SM120, {_key("gemm1", 16): _entry(SMALL)})
-    assert ConfigCache(SM120, [path]).lookup(SHAPE, 4).gemm1 == SMALL
+    assert ConfigCache(SM120, [path]).lookup(SHAPE, 16).gemm1 == SMALL
+    assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.heuristic_config(4)
 
 
 def _run_op_with(cache: ConfigCache, gen) -> None:
