@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _levels(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+from sglang_glm5.cli import int_list
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -46,7 +38,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--host", required=True, help="server URL, e.g. http://127.0.0.1:30000")
     r.add_argument("--tag", required=True, help="name of this run (the results folder's name), e.g. baseline")
     r.add_argument("--out", default="loadtest_results", help="parent folder of results (loadtest_results)")
-    r.add_argument("--concurrency", type=_levels, default=[1, 8, 32, 64, 128], help="users per level (1,8,32,64,128)")
+    r.add_argument("--concurrency", type=int_list, default=[1, 8, 32, 64, 128], help="users per level (1,8,32,64,128)")
     r.add_argument("--duration", type=float, default=60.0, help="seconds per run (60)")
     r.add_argument("--repeats", type=int, default=3, help="runs per level (3)")
     r.add_argument("--warmup", type=int, default=8, help="warm-up requests before the sweep (8)")

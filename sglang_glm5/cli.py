@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda when present")
     p.add_argument("--shape", default=None, help="glm5-ep8, glm5-tp8, glm5-mini or E,H,I (default: by device)")
-    p.add_argument("--tokens", type=_int_list, default=[1, 7, 64], help="token counts, comma separated (1,7,64)")
+    p.add_argument("--tokens", type=int_list, default=[1, 7, 64], help="token counts, comma separated (1,7,64)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.set_defaults(func=_cmd_selfcheck)
 
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bandwidth measured in the same run. Writes NAME.json and NAME.md under --out.",
     )
     p.add_argument("--shape", nargs="+", default=["glm5-ep8", "glm5-tp8"], help="shapes (glm5-ep8 glm5-tp8)")
-    p.add_argument("--m", type=_int_list, default=list(DEFAULT_M), help="tokens per expert, comma separated")
+    p.add_argument("--m", type=int_list, default=list(DEFAULT_M), help="tokens per expert, comma separated")
     p.add_argument("--out", default="bench", help="output folder (bench)")
     p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
     p.add_argument(
-        "--batch-sizes", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+        "--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
         help="tokens per expert to tune for (powers of two; others are rounded up)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
