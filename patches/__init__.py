@@ -6,6 +6,8 @@ SGLang finds ``plugin`` through the ``sglang.srt.plugins`` entry point and calls
 Importing this package changes nothing; ``plugin()`` (or ``apply()``) does, once per process.
 
 - ``SGLANG_GLM5_DISABLE=1``: the plugin does nothing.
+- On SM12x GPUs, ``SGLANG_MOE_CONFIG_DIR`` is pointed at SM120-feasible configs for SGLang's own
+  Triton MoE kernel when asked for and unset (``stock_configs``; opt-in: ``SGLANG_GLM5_STOCK_CONFIGS=1``).
 - An SGLang version not in ``guard.SUPPORTED_SGLANG_VERSIONS``: one log line, nothing changed; a
   command line asking for ``nvfp4_triton`` then stops at start-up with a message naming the
   supported versions.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_glm5.patches import guard
+from sglang_glm5.patches import guard, stock_configs
 from sglang_glm5.patches.guard import BACKEND_NAME, SUPPORTED_SGLANG_VERSIONS
 from sglang_glm5.patches.hooks import PatchTargetError
 
@@ -80,6 +82,7 @@ def plugin() -> None:
     if guard.disabled():
         logger.info("sglang-glm5: %s is set, plugin off", guard.DISABLE_ENV)
         return
+    stock_configs.apply()
     version = guard.installed_sglang_version()
     if not guard.version_supported(version):
         reason = f"SGLang {version} is installed"
