@@ -41,4 +41,11 @@ if [[ $STEPS == *bench* ]]; then
   python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}" ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench.log" || rc=1
 fi
+if [[ $STEPS == *profile* ]]; then
+  # Hardware counters of the two GEMMs at decode size (Firecracker machines; clocks left alone).
+  ncu --clock-control none --set full -k regex:nvfp4_moe_gemm -c 2 python3 bench/profile_decode.py \
+    > "$OUT/ncu_decode.txt" 2>&1 || rc=1
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Executed Ipc|Issue Slots Busy|Compute \(SM\) Throughput|Mem Busy|Max Bandwidth|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" \
+    "$OUT/ncu_decode.txt" | head -80
+fi
 exit $rc
