@@ -25,7 +25,7 @@ def _run(host: str, out: Path, *extra: str, timeout: float = 120) -> subprocess.
 
 
 def _close(measured: float, injected: float) -> bool:
-    """The issue's bar: within 10 % or 5 ms of the injected value."""
+    """The accuracy bar: within 10 % or 5 ms of the injected value."""
     return abs(measured - injected) <= max(0.10 * injected, 5.0)
 
 
