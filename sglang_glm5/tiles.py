@@ -117,21 +117,29 @@ _POINTERS = {
 _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
 
 
-def _compile(kernel: str, cfg: GemmConfig, arch: int):
+def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: dict, not_divisible: set):
+    """Triton's ahead-of-time compile of one kernel for ``sm_{arch}`` (no GPU needed).
+
+    ``pointers`` maps pointer arguments to Triton types (the rest are i32); every argument outside
+    ``not_divisible`` is declared a multiple of 16, as it is in a real launch on these shapes.
+    """
     import triton
     from triton.backends.compiler import GPUTarget as TritonTarget
 
-    fn = _kernel_fn(kernel)
-    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "INTERPRETER": False}
-    sig = {a: "constexpr" if a in consts else _POINTERS.get(a, "i32") for a in fn.arg_names}
+    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, a in enumerate(fn.arg_names)
-        if sig[a] != "constexpr" and a not in _NOT_DIVISIBLE
+        if sig[a] != "constexpr" and a not in not_divisible
     }
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
+
+
+def _compile(kernel: str, cfg: GemmConfig, arch: int):
+    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "INTERPRETER": False}
+    return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:

@@ -140,24 +140,14 @@ class AotResult:
 
 
 def _compile(kernel: str, cfg: GemmConfig, arch: int):
-    import triton
-    from triton.backends.compiler import GPUTarget as TritonTarget
-
     from sglang_glm5.kernels import nvfp4_w4a4 as k
+    from sglang_glm5.tiles import compile_for_target
 
     fn = {"gemm1": k.nvfp4_w4a4_gemm1_kernel, "gemm2": k.nvfp4_w4a4_gemm2_kernel}[kernel]
     consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE_DOT": False}
     if "INTERPRETER" in fn.arg_names:
         consts["INTERPRETER"] = False
-    sig = {a: "constexpr" if a in consts else _POINTERS.get(a, "i32") for a in fn.arg_names}
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, a in enumerate(fn.arg_names)
-        if sig[a] != "constexpr" and a not in _NOT_DIVISIBLE
-    }
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
+    return compile_for_target(fn, consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
 def aot_compile(jobs: list[tuple[str, GemmConfig, int]]) -> list[AotResult | str]:
