@@ -1,6 +1,6 @@
 """One decode-size call of the op on the GLM-5 EP8 layer, for Nsight Compute.
 
-    ncu --clock-control none --set full -k regex:nvfp4_moe_gemm -c 2 python3 bench/profile_decode.py
+ncu --clock-control none --set full -k regex:nvfp4_moe_gemm -c 2 python3 bench/profile_decode.py
 """
 
 import torch

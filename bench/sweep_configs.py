@@ -36,7 +36,6 @@ def candidates(m: int) -> list[GemmConfig]:
 def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     """Median ms of each stage of the op with one config: routing sort, gemm1, gemm2, top-k sum."""
     from sglang_glm5 import moe
-    from sglang_glm5.kernels import nvfp4_moe as k
 
     x, w13, s13, g13, w2, s2, g2, weights, ids = args
     inter = shape.inter
@@ -49,10 +48,7 @@ def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
         "align": partial(moe.align_pairs_by_expert, ids, shape.num_experts, cfg.block_m),
         "gemm1": partial(moe._launch_gemm1, x, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
         "gemm2": partial(moe._launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
-        "sum": partial(
-            k.moe_sum_kernel[(x.shape[0], triton.cdiv(shape.hidden, 1024))], y, ids, out, shape.hidden,
-            shape.num_experts, y.stride(0), out.stride(0), TOP_K=shape.top_k, BLOCK_H=1024, INTERPRETER=False,
-        ),
+        "sum": partial(moe.sum_over_slots, y, ids, out, shape.num_experts, False),
     }  # fmt: skip
     return {name: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") for name, fn in stages.items()}
 

@@ -221,6 +221,15 @@ def nvfp4_fused_moe(
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
                   routes[cfg.gemm2.block_m], y, cfg.gemm2, interpret)  # fmt: skip
+    sum_over_slots(y, topk_ids, out, num_experts, interpret)
+    return out
+
+
+def sum_over_slots(
+    y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, num_experts: int, interpret: bool
+) -> None:
+    """out[t] = sum of y[t * k + j] over the slots j with a local expert (fp32, deterministic)."""
+    num_tokens, hidden = out.shape
     block_h = 1024
     _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y_ptr=y,
@@ -230,11 +239,10 @@ def nvfp4_fused_moe(
         num_experts=num_experts,
         stride_yt=y.stride(0),
         stride_ot=out.stride(0),
-        TOP_K=top_k,
+        TOP_K=topk_ids.shape[1],
         BLOCK_H=block_h,
         INTERPRETER=interpret,
     )
-    return out
 
 
 def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret):

@@ -197,9 +197,8 @@ def _run(
 ) -> torch.Tensor:  # fmt: skip
     import triton
 
-    from sglang_glm5.kernels import nvfp4_moe as k16
     from sglang_glm5.kernels import nvfp4_w4a4 as k
-    from sglang_glm5.moe import _check_ids_in_range, _validate, align_pairs_by_expert, interpreting
+    from sglang_glm5.moe import _check_ids_in_range, _validate, align_pairs_by_expert, interpreting, sum_over_slots
 
     num_tokens, hidden, num_experts, inter, top_k = _validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
@@ -255,11 +254,7 @@ def _run(
         stride_yt=y.stride(0), BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k,
         EMULATE_DOT=emulate_dot, INTERPRETER=interpret, num_warps=c2.num_warps, num_stages=c2.num_stages,
     )  # fmt: skip
-    block_h = 1024
-    k16.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-        y_ptr=y, topk_ids_ptr=topk_ids, out_ptr=out, hidden_size=hidden, num_experts=num_experts,
-        stride_yt=y.stride(0), stride_ot=out.stride(0), TOP_K=top_k, BLOCK_H=block_h, INTERPRETER=interpret,
-    )  # fmt: skip
+    sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
 
