@@ -1,6 +1,6 @@
 """Time nvfp4_fused_moe over a grid of tile configs on the local GPU (the data behind the heuristic).
 
-python bench/sweep_configs.py --shape glm5-ep8 --m 1,16,64,2048 --out DIR
+python bench/sweep_configs.py --shape glm5-ep8 --m 1,16,64,256,2048 --out DIR
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 
 def candidates(m: int) -> list[GemmConfig]:
-    block_ms = [16] if m <= 16 else [16, 32] if m <= 32 else [32, 64] if m <= 64 else [64, 128]
-    out = []
-    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128), (2, 4)):
-        for warps in (2, 4) if bm <= 16 else (4, 8):
-            out.append(GemmConfig(bm, bn, bk, warps, stages))
-    return out
+    """Tiles for the swapped GEMMs (weights [BLOCK_N, BLOCK_K] as the left operand, BLOCK_M pairs)."""
+    if m <= 16:
+        space = itertools.product((16,), (64, 128), (128, 256, 512), (2, 3, 4), (4, 8))
+    elif m <= 64:
+        space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
+    else:
+        space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
+    # One warpgroup per 64 weight rows: 8 warps only for BLOCK_N = 128.
+    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
 
 
 def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
@@ -41,24 +44,46 @@ def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     inter = shape.inter
     num_pairs = ids.numel()
     route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
-    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
+    xp = moe.prepare_activations(x)
+    h = torch.empty(num_pairs, inter, dtype=torch.float16, device=x.device)
     y = torch.empty(num_pairs, shape.hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     stages = {
         "align": partial(moe.align_pairs_by_expert, ids, shape.num_experts, cfg.block_m),
-        "gemm1": partial(moe._launch_gemm1, x, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
+        "prepare": partial(moe.prepare_activations, x),
+        "gemm1": partial(moe._launch_gemm1, xp, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
         "gemm2": partial(moe._launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
         "sum": partial(moe.sum_over_slots, y, ids, out, shape.num_experts, False),
     }  # fmt: skip
     return {name: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") for name, fn in stages.items()}
 
 
+def dense_ms(args) -> float | None:
+    """Median ms of the dense prefill path (sglang_glm5.prefill) forced on, where the GPU has it."""
+    from sglang_glm5 import prefill
+
+    if not prefill.available(args[0].device):
+        return None
+    old = os.environ.get(prefill.ENV_MIN_TOKENS)
+    os.environ[prefill.ENV_MIN_TOKENS] = "0"
+    try:
+        return triton.testing.do_bench(partial(nvfp4_fused_moe, *args, check_ids=False), warmup=5, rep=40,
+                                       return_mode="median")  # fmt: skip
+    finally:
+        if old is None:
+            del os.environ[prefill.ENV_MIN_TOKENS]
+        else:
+            os.environ[prefill.ENV_MIN_TOKENS] = old
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="glm5-ep8")
-    p.add_argument("--m", default="1,16,64,2048")
+    p.add_argument("--m", default="1,16,64,256,2048")
     p.add_argument("--out", default=".")
-    p.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping after this many seconds")
+    p.add_argument(
+        "--budget-s", type=float, default=400.0, help="sweep time in seconds, split evenly over the m values"
+    )
     a = p.parse_args()
     shape = parse_shape(a.shape)
     gen = torch.Generator(device="cuda")
@@ -66,10 +91,11 @@ def main() -> int:
     bw = copy_bandwidth()
     floor = shape.weight_bytes / bw * 1e3
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
-    t_start = time.time()
     results = {"environment": environment(), "copy_GBps": bw / 1e9, "floor_ms": floor, "shape": str(shape), "m": {}}
     print(f"{shape}: floor {floor:.3f} ms at {bw / 1e9:.0f} GB/s", flush=True)
-    for m in (int(v) for v in a.m.split(",")):
+    m_values = [int(v) for v in a.m.split(",")]
+    for m in m_values:
+        t_m = time.time()
         weights, ids, tokens = _balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         args = (x, *layer.args(), weights, ids)
@@ -77,23 +103,26 @@ def main() -> int:
             partial(align_pairs_by_expert, ids, shape.num_experts, 16), warmup=10, rep=50, return_mode="median"
         )
         ref = nvfp4_fused_moe(*args).float()
+        t_dense = dense_ms(args)
+        if t_dense is not None:
+            print(f"m={m}: dense prefill path {t_dense:.3f} ms ({t_dense / floor:.2f}x floor)", flush=True)
         rows = []
         for cfg in candidates(m):
-            if time.time() - t_start > a.budget_s:
+            if time.time() - t_m > a.budget_s / len(m_values):
                 print("  budget spent, stopping the sweep", flush=True)
                 break
             mc = MoeConfig(cfg, cfg)
             try:
                 out = nvfp4_fused_moe(*args, config=mc).float()
-                ms = triton.testing.do_bench(partial(nvfp4_fused_moe, *args, config=mc), warmup=5, rep=40,
-                                             return_mode="median")  # fmt: skip
+                call = partial(nvfp4_fused_moe, *args, config=mc, check_ids=False)
+                ms = triton.testing.do_bench(call, warmup=5, rep=40, return_mode="median")
             except Exception as e:  # out of resources: report and go on
                 print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             err = ((out - ref).norm() / ref.norm()).item()
             rows.append({**cfg.as_dict(), "ms": ms, "rel_vs_default": err})
         rows.sort(key=lambda r: r["ms"])
-        results["m"][m] = {"align_ms": t_align, "configs": rows}
+        results["m"][m] = {"align_ms": t_align, "dense_ms": t_dense, "configs": rows}
         print(f"m={m} T={tokens}: align {t_align:.3f} ms; best of {len(rows)}:", flush=True)
         for r in rows[:5]:
             print(f"  {r}  ({r['ms'] / floor:.2f}x floor)", flush=True)

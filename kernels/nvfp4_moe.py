@@ -3,26 +3,38 @@
 Data flow (P = T * top_k (token, slot) pairs, sorted by expert on the host side into blocks of
 BLOCK_M pairs that share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
 
-    gemm1:  h[p, :]   = silu(x[p // k] @ Wg[e]^T) * (x[p // k] @ Wu[e]^T)          -> [P, I]
-    gemm2:  y[p, :]   = topk_weight[p] * (h[p] @ W2[e]^T)                          -> [P, H]
-    reduce: out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]  -> [T, H]
+    prepare: xp[t, :]  = fp16(x[t] * 2^-8), K order permuted (below)                  -> [T, H]
+    gemm1:   hp[p, :]  = silu(Wg[e] @ x[p // k]) * (Wu[e] @ x[p // k]), as xp          -> [P, I]
+    gemm2:   y[p, :]   = topk_weight[p] * (W2[e] @ h[p])                               -> [P, H]
+    reduce:  out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]    -> [T, H]
 
-Weights stay NVFP4 in memory and are decoded in registers. Each packed byte holds elements 2i
-(low nibble) and 2i+1 (high nibble) of a row; instead of interleaving the two nibbles back into
-one [BLOCK_N, BLOCK_K] tile, each K step does two half-width dots: even K columns of the
-activations against the low nibbles, odd against the high ones (a dot product does not care in
-which order K is summed).
+The GEMMs compute C^T = W @ X^T: the decoded weight tile [BLOCK_N, BLOCK_K] is the left operand,
+in the K-contiguous layout the tensor cores want for it, and the pairs are the narrow right operand
+(BLOCK_M = 16 at decode). On Hopper the decoded weights then feed wgmma from registers: the packed
+bytes go global -> shared (cp.async) -> registers and are never written back as 16-bit values.
 
-Decode, all in fp16: a nibble's bits placed into an fp16 (exponent bits 2-1 -> 11-10, mantissa
-bit 0 -> 9, sign -> 15) are exactly e2m1 * 2^-14, subnormals included. The block scale (one e4m3
-byte per 16 elements, decoded once per group of 16) becomes the fp16 scale * 2^7, so the decoded
-weight e2m1 * scale * 2^-7 is exact in fp16 (at most 5 significant bits, >= 2^-17). Activations
-enter the dot as fp16 scaled by 2^-8, which keeps bf16 values up to 2^24 finite. The tensor cores
-multiply fp16 x fp16 into fp32; the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
+Packed weights are read as 16-bit words: word c of a row holds K elements 4c .. 4c + 3, one per
+nibble (element 2i in the low nibble of byte i). Instead of interleaving the nibbles back into one
+tile, each K step does four quarter-width dots: nibble q of every word against activation columns
+4c + q (a dot product does not care in which order K is summed). To make those activation loads
+contiguous, activations are stored with each group of 32 K columns permuted to
+[0, 4, ..., 28, 1, 5, ..., 29, 2, ..., 30, 3, ..., 31]: columns 4c + q of a group are 8 adjacent
+values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way).
 
-``INTERPRETER`` works around two faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
-CPU tests): it computes bf16 dots wrongly (triton issue #11584), so both dot operands are upcast to
-fp32; and its fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand.
+Decode (``_decode_nvfp4``): a nibble's bits placed into an fp16 (exponent bits 2-1 -> 11-10,
+mantissa bit 0 -> 9, sign -> 15) are exactly e2m1 * 2^-14, subnormals included; times the block
+scale as fp16 * 2^7 that gives e2m1 * scale * 2^-7, exact in fp16 (at most 6 significant bits,
+>= 2^-17). On the GPU this is inline PTX on 32-bit registers holding two words: per nibble
+position, two shifts, an and and a lop3 place both lanes of an f16x2, and one f16x2 multiply
+applies the scales. Every output depends only on the word at its own position, so the result is
+right in whatever register layout the compiler gives the tile. Activations enter the dot as
+fp16 * 2^-8, which keeps bf16 values up to 2^24 finite; the tensor cores accumulate in fp32 and
+the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
+
+``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
+CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
+dots compute wrongly (triton issue #11584), so both dot operands are upcast to fp32; and its
+fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand.
 """
 
 import triton
@@ -31,6 +43,29 @@ import triton.language as tl
 # Weights decoded as value * 2^-7 and activations scaled by 2^-8: the epilogue multiplies by 2^15.
 DECODE_UNSCALE = 2.0**15
 ACT_SCALE = 2.0**-8
+
+# Inputs: $4 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
+# holding 4 nibbles = K elements 4c .. 4c + 3; $5 = their two block scales (fp16 * 2^7) as f16x2.
+# Output q (0..3) = f16x2 (nibble q of element c, nibble q of element c + 1): the two lanes are 16
+# bits apart in the input as in the output, so one shift places both. Per lane: magnitude bits
+# 4q .. 4q+2 -> 9-11 and sign bit 4q+3 -> 15 give e2m1 * 2^-14 as fp16 bits; then times the scale.
+
+
+def _decode_ptx() -> str:
+    lines = ["{", ".reg .b32 m, s;"]
+    for q in range(4):  # nibble q sits at bits 4q .. 4q + 3 of each 16-bit lane
+        shift = 9 - 4 * q  # magnitude bits 4q .. 4q + 2 -> 9 .. 11
+        lines.append(f"shl.b32 m, $4, {shift};" if shift > 0 else f"shr.b32 m, $4, {-shift};")
+        lines.append("and.b32 m, m, 0x0E000E00;")
+        sign = 12 - 4 * q  # sign bit 4q + 3 -> 15
+        if sign:
+            lines.append(f"shl.b32 s, $4, {sign};")
+        lines.append(f"lop3.b32 m, m, {'s' if sign else '$4'}, 0x80008000, 0xF8;")  # m | (s & 0x80008000)
+        lines.append(f"mul.rn.f16x2 ${q}, m, $5;")
+    return "\n".join(lines + ["}"])
+
+
+_DECODE_PTX = tl.constexpr(_decode_ptx())
 
 
 @triton.jit
@@ -52,62 +87,139 @@ def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _activation_tile(
-    rows_ptr,  # [BLOCK_M] pointers to the first element of each activation row
+def _decode_nvfp4(
+    packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 per element (K elements 4c .. 4c + 3)
+    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8, e4m3 block scales
+    INTERPRETER: tl.constexpr,
+):
+    """-> four [BLOCK_N, BLOCK_K // 4] tiles, tile q holding K elements 4c + q: e2m1 * scale * 2^-7
+    (fp16 on the GPU, fp32 in the interpreter)."""
+    BLOCK_N: tl.constexpr = packed.shape[0]
+    QUARTER: tl.constexpr = packed.shape[1]
+    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included; times 2^15 (exact
+    # in fp16) gives scale * 2^7 <= 57344. The sign bit is dropped: block scales are >= 0.
+    sbits = (sbyte.to(tl.int16) << 7) & 0x3F80
+    scale = sbits.to(tl.float16, bitcast=True) * 32768.0
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
+    if INTERPRETER:
+        q0 = (_e2m1_nibbles_to_f16(packed & 0xF) * scale).to(tl.float32)
+        q1 = (_e2m1_nibbles_to_f16((packed >> 4) & 0xF) * scale).to(tl.float32)
+        q2 = (_e2m1_nibbles_to_f16((packed >> 8) & 0xF) * scale).to(tl.float32)
+        q3 = (_e2m1_nibbles_to_f16((packed >> 12) & 0xF) * scale).to(tl.float32)
+        return q0, q1, q2, q3
+    else:
+        q0, q1, q2, q3 = tl.inline_asm_elementwise(
+            _DECODE_PTX, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.float16,) * 4, is_pure=True, pack=2
+        )
+        return q0, q1, q2, q3
+
+
+@triton.jit
+def _load_quarters(
+    rows_ptr,  # [BLOCK_M] pointers to activation rows in the permuted K order
     k0,
     row_ok,  # [BLOCK_M]
     K,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
-    """Load [BLOCK_M, BLOCK_K] activations; returns (even K columns, odd K columns) as dot operands."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    a = tl.load(rows_ptr[:, None] + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :], other=0.0)
-    a = a.to(tl.float32) * 0.00390625  # ACT_SCALE = 2^-8
-    a = a if INTERPRETER else a.to(tl.float16)
-    even, odd = tl.split(tl.reshape(a, (a.shape[0], BLOCK_K // 2, 2)))
-    return even, odd
+    """-> four [BLOCK_K // 4, BLOCK_M] tiles of K step k0, transposed; tile q holds K columns 4c + q."""
+    cols = tl.arange(0, BLOCK_K // 4)
+    pos = k0 + (cols // 8) * 32 + cols % 8  # columns 4c of each group of 32; 4c + q lies 8 * q further
+    mask = row_ok[None, :] if EVEN_K else row_ok[None, :] & (pos < K)[:, None]
+    ptrs = rows_ptr[None, :] + pos[:, None]
+    x0 = tl.load(ptrs, mask=mask, other=0.0)
+    x1 = tl.load(ptrs + 8, mask=mask, other=0.0)
+    x2 = tl.load(ptrs + 16, mask=mask, other=0.0)
+    x3 = tl.load(ptrs + 24, mask=mask, other=0.0)
+    if INTERPRETER:
+        return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    else:
+        return x0, x1, x2, x3
 
 
 @triton.jit
-def _nvfp4_tile(
-    w_rows_ptr,  # [BLOCK_N] pointers to the first packed byte of each weight row
+def _weight_tile(
+    w_rows_ptr,  # [BLOCK_N] int16 pointers to the first packed element of each weight row
     s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
     k0,
-    n_ok,  # [BLOCK_N]
     K,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
-    """Load and decode one weight tile; returns (low, high) nibble tiles [BLOCK_N, BLOCK_K // 2]."""
-    GROUPS: tl.constexpr = BLOCK_K // 16  # one e4m3 scale per 16 elements = per 8 packed bytes
-    offs_g = k0 // 16 + tl.arange(0, GROUPS)
-    byte_offs = offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [GROUPS, 8]
-    g_ok = offs_g < K // 16
-    mask = n_ok[:, None, None] & g_ok[None, :, None]
-    packed = tl.load(w_rows_ptr[:, None, None] + byte_offs[None, :, :], mask=mask, other=0).to(tl.int16)
-    sbyte = tl.load(s_rows_ptr[:, None] + offs_g[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0)
-    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly; times 2^15 gives scale * 2^7 (<= 57344).
-    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
-    scale = (sbits.to(tl.float16, bitcast=True).to(tl.float32) * 32768.0).to(tl.float16)[:, :, None]
-    lo = _e2m1_nibbles_to_f16(packed & 0xF) * scale
-    hi = _e2m1_nibbles_to_f16(packed >> 4) * scale
-    shape: tl.constexpr = (w_rows_ptr.shape[0], BLOCK_K // 2)
-    if INTERPRETER:
-        return tl.reshape(lo.to(tl.float32), shape), tl.reshape(hi.to(tl.float32), shape)
+    """Load and decode K step k0 of BLOCK_N weight rows -> four [BLOCK_N, BLOCK_K // 4] tiles (_decode_nvfp4)."""
+    # k0 is a multiple of BLOCK_K (>= 64): the hints let the loads be 16-byte vectors.
+    elems = tl.multiple_of(k0 // 4, 16) + tl.arange(0, BLOCK_K // 4)
+    groups = tl.multiple_of(k0 // 16, BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    if EVEN_K:
+        packed = tl.load(w_rows_ptr[:, None] + elems[None, :])
+        sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :])
     else:
-        return tl.reshape(lo, shape), tl.reshape(hi, shape)
+        packed = tl.load(w_rows_ptr[:, None] + elems[None, :], mask=(elems < K // 4)[None, :], other=0)
+        sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :], mask=(groups < K // 16)[None, :], other=0)
+    return _decode_nvfp4(packed, sbyte, INTERPRETER)
+
+
+@triton.jit
+def _nvfp4_dot(
+    acc,  # [BLOCK_N, BLOCK_M] fp32
+    w_rows_ptr,  # [BLOCK_N] int16 pointers to the weight rows
+    s_rows_ptr,  # [BLOCK_N] pointers to their scale rows
+    x0,  # [BLOCK_K // 4, BLOCK_M] activation columns 4c + 0 of K step k0 (_load_quarters)
+    x1,
+    x2,
+    x3,
+    k0,
+    K,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    """acc + (decoded weights of K step k0) @ (activations of K step k0): four quarter-width dots."""
+    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, INTERPRETER)
+    acc = tl.dot(w0, x0, acc)
+    acc = tl.dot(w1, x1, acc)
+    acc = tl.dot(w2, x2, acc)
+    return tl.dot(w3, x3, acc)
+
+
+@triton.jit
+def prepare_activations_kernel(
+    x_ptr,  # [T, K] bf16/fp16
+    xp_ptr,  # [T, K] fp16 out: x * 2^-8, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
+    num_rows,
+    K,
+    stride_xt,
+    stride_pt,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
+    x = (x.to(tl.float32) * 0.00390625).to(tl.float16)  # ACT_SCALE = 2^-8
+    x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
+    tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
+
+
+@triton.jit
+def _permuted_column(n):
+    """Position of K column n in the permuted activation layout (``prepare_activations_kernel``)."""
+    return (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
 
 
 @triton.jit
 def nvfp4_moe_gemm1_kernel(
-    x_ptr,  # [T, H] bf16/fp16 hidden states
-    w_ptr,  # [E, 2I, H/2] uint8, packed e2m1
+    x_ptr,  # [T, H] fp16, prepared activations (x * 2^-8, permuted K order)
+    w_ptr,  # [E, 2I, H/4] int16, packed e2m1 (the uint8 [E, 2I, H/2] tensor viewed as int16)
     ws_ptr,  # [E, 2I, H/16] uint8, e4m3 block scales (linear layout)
     wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
-    h_ptr,  # [P, I] output, dtype of x
+    h_ptr,  # [P, I] fp16 out: h * 2^-8 in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,
     inter_size,  # I
@@ -125,6 +237,7 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
     INTERPRETER: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -150,36 +263,32 @@ def nvfp4_moe_gemm1_kernel(
     su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
 
     x_rows = x_ptr + token * stride_xt
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, hidden_size, BLOCK_K):
-        x_even, x_odd = _activation_tile(x_rows, k0, row_ok, hidden_size, BLOCK_K, INTERPRETER)
-        g_lo, g_hi = _nvfp4_tile(wg_rows, sg_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
-        acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
-        acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
-        u_lo, u_hi = _nvfp4_tile(wu_rows, su_rows, k0, n_ok, hidden_size, BLOCK_K, INTERPRETER)
-        acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u)
-        acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u)
+        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
 
     gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 32768.0  # DECODE_UNSCALE = 2^15
     gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 32768.0
     gate = acc_g * gs_gate
     up = acc_u * gs_up
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[:, None] * stride_ht + offs_n[None, :]
-    tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])
+    h = gate / (1.0 + tl.exp(-gate)) * up * 0.00390625  # ACT_SCALE = 2^-8: h is gemm2's activation
+    h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+    tl.store(h_ptrs, h.to(tl.float16), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
 def nvfp4_moe_gemm2_kernel(
-    h_ptr,  # [P, I] bf16/fp16, output of gemm1
-    w_ptr,  # [E, H, I/2] uint8, packed e2m1
+    h_ptr,  # [P, I] fp16 from gemm1 (h * 2^-8, permuted K order)
+    w_ptr,  # [E, H, I/4] int16, packed e2m1 (the uint8 [E, H, I/2] tensor viewed as int16)
     ws_ptr,  # [E, H, I/16] uint8, e4m3 block scales (linear layout)
     wgs_ptr,  # [E] fp32 global scales
     topk_weights_ptr,  # [P] fp32, flattened [T, k]
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32, -1 = no work
-    y_ptr,  # [P, H] output, dtype of h
+    y_ptr,  # [P, H] out, dtype of the hidden states
     num_pairs,
     hidden_size,  # H (the N of this GEMM)
     inter_size,  # I (the K of this GEMM)
@@ -192,6 +301,7 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
     INTERPRETER: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -213,24 +323,23 @@ def nvfp4_moe_gemm2_kernel(
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
 
     h_rows = h_ptr + pair_safe * stride_ht
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, inter_size, BLOCK_K):
-        a_even, a_odd = _activation_tile(h_rows, k0, row_ok, inter_size, BLOCK_K, INTERPRETER)
-        w_lo, w_hi = _nvfp4_tile(w_rows, s_rows, k0, n_ok, inter_size, BLOCK_K, INTERPRETER)
-        acc = tl.dot(a_even, tl.trans(w_lo), acc)
-        acc = tl.dot(a_odd, tl.trans(w_hi), acc)
+        h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
 
     gs = tl.load(wgs_ptr + expert) * 32768.0  # DECODE_UNSCALE = 2^15
     route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
-    y = acc * (gs * route_w[:, None])
-    y_ptrs = y_ptr + pair_safe[:, None] * stride_yt + offs_n[None, :]
-    tl.store(y_ptrs, _round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])
+    y = acc * (gs * route_w[None, :])
+    y_ptrs = y_ptr + pair_safe[None, :] * stride_yt + offs_n[:, None]
+    tl.store(y_ptrs, _round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
 def moe_sum_kernel(
-    y_ptr,  # [T * k, H] per-pair outputs (rows of invalid slots are never written)
+    y_ptr,  # [rows, H] per-pair outputs (rows of invalid slots are never read)
     topk_ids_ptr,  # [T * k] int32/int64, valid when 0 <= id < num_experts
+    row_map_ptr,  # [T * k] int32 row of y holding pair p (HAS_ROW_MAP), else y's row p is pair p
     out_ptr,  # [T, H]
     hidden_size,
     num_experts,
@@ -238,6 +347,7 @@ def moe_sum_kernel(
     stride_ot,
     TOP_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    HAS_ROW_MAP: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """out[t] = sum of y over the valid slots of token t, in fp32, slots in order (deterministic)."""
@@ -248,7 +358,10 @@ def moe_sum_kernel(
     for j in tl.static_range(TOP_K):
         eid = tl.load(topk_ids_ptr + t * TOP_K + j)
         valid = (eid >= 0) & (eid < num_experts)
-        y = tl.load(y_ptr + (t * TOP_K + j) * stride_yt + offs, mask=h_ok & valid, other=0.0)
+        row = t * TOP_K + j
+        if HAS_ROW_MAP:
+            row = tl.load(row_map_ptr + row, mask=valid, other=0).to(tl.int64)
+        y = tl.load(y_ptr + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
         acc += y.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, _round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 

@@ -6,6 +6,9 @@ SGLang finds ``plugin`` through the ``sglang.srt.plugins`` entry point and calls
 Importing this package changes nothing; ``plugin()`` (or ``apply()``) does, once per process.
 
 - ``SGLANG_GLM5_DISABLE=1``: the plugin does nothing.
+- ``SGLANG_GLM5_MOE_PATH`` = auto (default) | w4a16 | w4a4: the path the hooked ``apply`` asks the op for
+  (``nvfp4_moe.moe_path_from_env``); read and checked when a layer's weights are processed, so a bad
+  value, or w4a4 on a GPU that is not SM12x, stops the server at load time.
 - On SM12x GPUs, ``SGLANG_MOE_CONFIG_DIR`` is pointed at SM120-feasible configs for SGLang's own
   Triton MoE kernel when asked for and unset (``stock_configs``; opt-in: ``SGLANG_GLM5_STOCK_CONFIGS=1``).
 - An SGLang version not in ``guard.SUPPORTED_SGLANG_VERSIONS``: one log line, nothing changed; a

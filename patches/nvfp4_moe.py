@@ -14,13 +14,17 @@ With ``nvfp4_triton``:
   row order is recorded.
 - ``apply``: ``sglang_glm5.moe.nvfp4_fused_moe`` -> ``StandardCombineInput``. The top-k weights
   already carry ``routed_scaling_factor`` for this method (``_fuses_routed_scaling_factor_in_topk``,
-  ``srt/layers/moe/fused_moe_triton/layer.py``): it is not applied again.
+  ``srt/layers/moe/fused_moe_triton/layer.py``): it is not applied again. It passes ``path=`` from
+  ``SGLANG_GLM5_MOE_PATH`` (auto | w4a16 | w4a4, default auto) and this rank's input scales, which the
+  W4A4 path quantizes activations with. The switch is read and checked when the weights are processed:
+  a bad value, or w4a4 off SM12x, stops the server at load time, never mid-request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -34,7 +38,21 @@ _METHOD = f"{_MQ}.ModelOptNvFp4FusedMoEMethod"
 
 # Layer attributes the plugin adds (plain attributes, not parameters: never saved or loaded).
 W13_ORDER_ATTR = "sglang_glm5_w13_order"  # "gate_up" | "up_gate"
-INPUT_SCALES_ATTR = "sglang_glm5_input_scales"  # (w13 [E_local, 2], w2 [E_local]) fp32, for a W4A4 path
+INPUT_SCALES_ATTR = "sglang_glm5_input_scales"  # (w13 [E_local, 2], w2 [E_local]) fp32, for the W4A4 path
+MOE_PATH_ATTR = "sglang_glm5_moe_path"  # "auto" | "w4a16" | "w4a4": the op's path= keyword
+
+MOE_PATH_ENV = "SGLANG_GLM5_MOE_PATH"
+
+
+def moe_path_from_env() -> str:
+    """$SGLANG_GLM5_MOE_PATH: "auto" (default), "w4a16" or "w4a4"; anything else is a ValueError."""
+    from sglang_glm5.w4a4_select import PATHS, min_tokens_from_env
+
+    value = os.environ.get(MOE_PATH_ENV, "").strip().lower() or "auto"
+    if value not in PATHS:
+        raise ValueError(f"{MOE_PATH_ENV}: expected one of {', '.join(PATHS)}, got {os.environ[MOE_PATH_ENV]!r}")
+    min_tokens_from_env()  # the threshold switch, checked now rather than at the first prefill
+    return value
 
 
 def _is_ours(backend) -> bool:
@@ -131,11 +149,26 @@ def _to_local_experts(scale: torch.Tensor, layer) -> torch.Tensor:
     )
 
 
+def _check_path(path: str, layer) -> None:
+    """w4a4 forced: refuse now, at load time, off SM12x (the op would refuse at the first request)."""
+    if path != "w4a4":
+        return
+    from sglang_glm5.w4a4_select import resolve_path
+
+    num_experts, two_i, half_h = layer.w13_weight.shape
+    resolve_path(
+        path, layer.w13_weight.device, float("inf"), (num_experts, 2 * half_h, two_i // 2),
+        w13_input_scale=layer.w13_input_scale, w2_input_scale=layer.w2_input_scale,
+    )  # fmt: skip
+
+
 def process_weights_hook(original, self, layer):
     if not _cached(self):
         return original(self, layer)
     from sglang_glm5.nvfp4 import unswizzle_scales
 
+    path = moe_path_from_env()
+    _check_path(path, layer)
     # The stock code pairs the input scales with the local experts' weight scales; under expert
     # parallelism the checkpoint's are global-sized. Hand it local slices, then put the originals
     # back (the loader writes global-sized input scales on a weight reload).
@@ -160,7 +193,10 @@ def process_weights_hook(original, self, layer):
             rows, cols = scale.shape[-2], scale.shape[-1]
             scale.data.copy_(unswizzle_scales(scale.data, rows, cols).reshape(scale.shape))
     setattr(layer, W13_ORDER_ATTR, "up_gate" if self.load_up_proj_weight_first else "gate_up")
-    logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s)", BACKEND_NAME, getattr(layer, W13_ORDER_ATTR))
+    setattr(layer, MOE_PATH_ATTR, path)
+    logger.debug(
+        "sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, getattr(layer, W13_ORDER_ATTR), path
+    )
 
 
 def apply_hook(original, self, layer, dispatch_output):
@@ -176,6 +212,7 @@ def apply_hook(original, self, layer, dispatch_output):
             "(unset SGLANG_MOE_NVFP4_DISPATCH)"
         )
     topk = dispatch_output.topk_output
+    w13_input_scale, w2_input_scale = getattr(layer, INPUT_SCALES_ATTR)  # this rank's experts (process_weights)
     out = nvfp4_fused_moe(
         dispatch_output.hidden_states,
         layer.w13_weight,
@@ -187,6 +224,10 @@ def apply_hook(original, self, layer, dispatch_output):
         topk.topk_weights.float(),  # routed scaling already in (see the module docstring)
         topk.topk_ids,
         w13_order=getattr(layer, W13_ORDER_ATTR),
+        path=getattr(layer, MOE_PATH_ATTR),
+        w13_input_scale=w13_input_scale,
+        w2_input_scale=w2_input_scale,
+        check_ids=False,  # SGLang's top-k gives ids in [-1, E) by construction; the check would sync
     )
     return StandardCombineInput(hidden_states=out)
 

@@ -27,7 +27,7 @@ from sglang_glm5 import tiles
 from sglang_glm5._files import cache_dir, read_json, update_json
 from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.shapes import MoeShape
-from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.tiles import KERNEL_REVISION, GemmConfig, MoeConfig
 
 log = logging.getLogger("sglang_glm5.autotune")
 MAX_BUCKET = 4096
@@ -48,9 +48,15 @@ def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
     return shape.num_experts, shape.hidden, shape.inter
 
 
+# A config tuned for m tokens per expert serves untuned buckets up to this many powers of two away:
+# tile choice changes slowly with m (bench/h200/tune.log), and an entry measured near m beats a guess.
+NEAREST_OCTAVES = 2
+
+
 def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: int) -> str:
+    """The entry's key; ``KERNEL_REVISION`` in it retires entries tuned for an earlier kernel design."""
     e, n, k = enk
-    return f"{target.name}|sm_{target.arch}|{kernel}|E={e},N={n},K={k}|m={bucket}"
+    return f"{target.name}|sm_{target.arch}|{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
 
 
 @dataclass(frozen=True)
@@ -138,18 +144,30 @@ class ConfigCache:
         self._memo: dict[tuple, MoeConfig] = {}
 
     def lookup(self, shape: MoeShape, tokens_per_expert: float) -> MoeConfig:
+        """The bucket's entry per GEMM; else the entry of the nearest tuned bucket at most
+        ``NEAREST_OCTAVES`` powers of two away (ties go to the larger); else the heuristic."""
         bucket = m_bucket(tokens_per_expert)
         memo_key = (shape.num_experts, shape.hidden, shape.inter, bucket)
         cfg = self._memo.get(memo_key)
         if cfg is None:
             fallback = tiles.heuristic_config(tokens_per_expert)
-            found = [self.entries.get(cache_key(self.target, k, gemm_shape(k, shape), bucket)) for k in tiles.KERNELS]
+            found = [self._nearest(k, gemm_shape(k, shape), bucket) for k in tiles.KERNELS]
             cfg = MoeConfig(
                 gemm1=found[0].config if found[0] else fallback.gemm1,
                 gemm2=found[1].config if found[1] else fallback.gemm2,
             )
             self._memo[memo_key] = cfg
         return cfg
+
+    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: int) -> Entry | None:
+        near = [bucket]
+        for step in range(1, NEAREST_OCTAVES + 1):
+            near += [bucket << step] + ([bucket >> step] if bucket >> step else [])
+        for b in near:
+            entry = self.entries.get(cache_key(self.target, kernel, enk, b))
+            if entry is not None:
+                return entry
+        return None
 
 
 def store(path: Path, target: GpuTarget, items: dict[str, Entry]) -> None:
@@ -178,14 +196,19 @@ def store(path: Path, target: GpuTarget, items: dict[str, Entry]) -> None:
 
 
 def search_space(bucket: int) -> list[GemmConfig]:
-    """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes."""
-    block_ms = [16] if bucket <= 16 else [16, 32] if bucket <= 32 else [32, 64] if bucket <= 64 else [64, 128]
-    out = []
-    # block_k 256 and 3 stages never won a sweep on H200 (bench/h200/h200_sweep.log): left out.
-    for bm, bn, bk, stages in itertools.product(block_ms, (32, 64, 128), (64, 128), (2, 4)):
-        for warps in (4, 8) if bm * bn >= 64 * 64 else (2, 4):
-            out.append(GemmConfig(bm, bn, bk, warps, stages))
-    return out
+    """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes.
+
+    block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
+    warpgroup), so 8 warps only with block_n 128. From the H200 sweep (bench/h200/sweep_r2.log):
+    block_k 512 never won and 2 stages rarely did.
+    """
+    if bucket <= 16:
+        space = itertools.product((16,), (64, 128), (128, 256), (3, 4), (4, 8))
+    elif bucket <= 64:
+        space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
+    else:
+        space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
+    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
 
 
 @dataclass
@@ -212,27 +235,120 @@ class TuneReport:
 Bench = Callable[[str, GemmConfig, int], float]  # (kernel, config, bucket) -> median ms
 
 
-def feasible_candidates(
-    kernel: str, bucket: int, target: GpuTarget, report: TuneReport, compile_check: bool = True
+def prune(
+    configs: Iterable[GemmConfig],
+    target: GpuTarget,
+    report: TuneReport,
+    model_bytes: Callable[[GemmConfig], int],
+    compiled_bytes: Callable[[list[GemmConfig]], list[int | str]] | None,
 ) -> list[tuple[GemmConfig, int]]:
-    """Candidates that fit the target's shared memory, with their shared bytes (compiled, else modelled)."""
+    """The configs that fit the target's shared memory, with their bytes: the model first (instant),
+    then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting)."""
     fits_model = []
-    for cfg in search_space(bucket):
+    for cfg in configs:
         report.candidates += 1
-        if target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
+        if target.fits(model_bytes(cfg)):
             fits_model.append(cfg)
         else:
             report.pruned_by_model += 1
-    if not compile_check:
-        return [(cfg, tiles.model_shared_bytes(kernel, cfg, target)) for cfg in fits_model]
+    if compiled_bytes is None:
+        return [(cfg, model_bytes(cfg)) for cfg in fits_model]
     out = []
-    compiled = tiles.compiled_shared_bytes_many([(kernel, cfg) for cfg in fits_model], target)
-    for cfg, shared in zip(fits_model, compiled, strict=True):
-        if target.fits(shared):
+    for cfg, shared in zip(fits_model, compiled_bytes(fits_model), strict=True):
+        if isinstance(shared, int) and target.fits(shared):
             out.append((cfg, shared))
         else:
             report.pruned_by_compiler += 1
     return out
+
+
+def feasible_candidates(
+    kernel: str, bucket: int, target: GpuTarget, report: TuneReport, compile_check: bool = True
+) -> list[tuple[GemmConfig, int]]:
+    """W4A16 candidates that fit the target, with their shared bytes (compiled, else modelled)."""
+
+    def compiled(configs: list[GemmConfig]) -> list[int | str]:
+        return list(tiles.compiled_shared_bytes_many([(kernel, cfg) for cfg in configs], target))
+
+    return prune(
+        search_space(bucket), target, report,
+        lambda cfg: tiles.model_shared_bytes(kernel, cfg, target), compiled if compile_check else None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    """What the tuner needs to know about one family of GEMM kernels (W4A16 here, W4A4 in w4a4_tune)."""
+
+    name: str  # for messages: "" or "W4A4 "
+    kernels: tuple[str, ...]
+    key: Callable[[str, int], str]  # (kernel, bucket) -> cache key
+    heuristic: Callable[[float], MoeConfig]
+    search_space: Callable[[int], list[GemmConfig]]
+    fits: Callable[[str, GemmConfig], int | None]  # shared bytes when it fits (model, then compile), else None
+    feasible: Callable[[str, int, TuneReport], list[tuple[GemmConfig, int]]]  # the whole pruned space
+
+
+def run_tuner(
+    space: TuneSpace,
+    target: GpuTarget,
+    buckets: Iterable[int],
+    bench: Bench | None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Entry], TuneReport]:
+    """Pick a config per (kernel, bucket). With ``bench`` (the target is the local GPU) every feasible
+    candidate is timed and the fastest kept; a candidate that fails to compile or launch is skipped and
+    counted with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else the
+    fitting candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space)."""
+    import triton
+
+    report = TuneReport()
+    results: dict[str, Entry] = {}
+    say = progress or (lambda _msg: None)
+    for kernel, bucket in itertools.product(space.kernels, buckets):
+        key = space.key(kernel, bucket)
+        if bench is None:
+            want = getattr(space.heuristic(bucket), kernel)
+            chosen = None
+            for cfg in sorted({want, *space.search_space(bucket)}, key=lambda c: (_distance(c, want), c.label)):
+                shared = space.fits(kernel, cfg)
+                if shared is not None:
+                    chosen = (cfg, shared)
+                    break
+            if chosen is None:
+                raise RuntimeError(
+                    f"no {space.name}config of {kernel} fits {target.name} ({target.shared_per_block} B)"
+                )
+            results[key] = Entry(chosen[0], chosen[1], None, triton.__version__)
+            say(f"{key}: {chosen[0].label} ({chosen[1]} B, not measured)")
+            continue
+        feasible = space.feasible(kernel, bucket, report)
+        if not feasible:
+            raise RuntimeError(
+                f"no {space.name}config of {kernel} fits {target.name} ({target.shared_per_block} B) at m={bucket}"
+            )
+        best: tuple[float, GemmConfig, int] | None = None
+        failure = ""
+        for i, (cfg, shared) in enumerate(feasible):
+            t0 = time.perf_counter()
+            try:
+                ms = bench(kernel, cfg, bucket)
+            except Exception as e:  # noqa: BLE001 - a launch failure (resources, compiler) skips the candidate
+                lines = str(e).strip().splitlines()
+                failure = f"{cfg.label}: {type(e).__name__}: {lines[-1] if lines else ''}"
+                report.pruned_by_compiler += 1
+                say(f"{key}: [{i + 1}/{len(feasible)}] {failure[:200]} (skipped)")
+                continue
+            report.bench_seconds += time.perf_counter() - t0
+            report.benchmarked += 1
+            if best is None or ms < best[0]:
+                best = (ms, cfg, shared)
+            say(f"{key}: [{i + 1}/{len(feasible)}] {cfg.label} {ms:.4f} ms (best {best[0]:.4f} ms, {best[1].label})")
+        if best is None:
+            raise RuntimeError(f"no {space.name}config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
+        ms, cfg, shared = best
+        results[key] = Entry(cfg, shared, ms, triton.__version__)
+    return results, report
 
 
 def tune(
@@ -243,47 +359,24 @@ def tune(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Entry], TuneReport]:
-    """Pick a config per (kernel, bucket). With ``bench`` (the target is the local GPU) every feasible
-    candidate is timed and the fastest kept; without it the heuristic's pick is kept when feasible,
-    else the feasible candidate nearest to it, marked unmeasured."""
-    import triton
+    """``run_tuner`` for the W4A16 kernels on one shape."""
 
-    report = TuneReport()
-    results: dict[str, Entry] = {}
-    say = progress or (lambda _msg: None)
-    for kernel, bucket in itertools.product(tiles.KERNELS, buckets):
-        key = cache_key(target, kernel, gemm_shape(kernel, shape), bucket)
-        if bench is None:
-            # Offline: the model-feasible candidate nearest the heuristic's pick that also compiles
-            # within the limit; one or two AOT compiles instead of the whole space.
-            want = getattr(tiles.heuristic_config(bucket), kernel)
-            chosen = None
-            for cfg in sorted(search_space(bucket), key=lambda c: _distance(c, want)):
-                if target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
-                    shared = tiles.compiled_shared_bytes(kernel, cfg, target)
-                    if target.fits(shared):
-                        chosen = (cfg, shared)
-                        break
-            if chosen is None:
-                raise RuntimeError(f"no config of {kernel} fits {target.name} ({target.shared_per_block} B)")
-            results[key] = Entry(chosen[0], chosen[1], None, triton.__version__)
-            say(f"{key}: {chosen[0].label} ({chosen[1]} B, not measured)")
-            continue
-        feasible = feasible_candidates(kernel, bucket, target, report)
-        if not feasible:
-            raise RuntimeError(f"no config of {kernel} fits {target.name} ({target.shared_per_block} B) at m={bucket}")
-        best: tuple[float, GemmConfig, int] | None = None
-        for i, (cfg, shared) in enumerate(feasible):
-            t0 = time.perf_counter()
-            ms = bench(kernel, cfg, bucket)
-            report.bench_seconds += time.perf_counter() - t0
-            report.benchmarked += 1
-            if best is None or ms < best[0]:
-                best = (ms, cfg, shared)
-            say(f"{key}: [{i + 1}/{len(feasible)}] {cfg.label} {ms:.4f} ms (best {best[0]:.4f} ms, {best[1].label})")
-        ms, cfg, shared = best
-        results[key] = Entry(cfg, shared, ms, triton.__version__)
-    return results, report
+    def fits(kernel: str, cfg: GemmConfig) -> int | None:
+        if not target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
+            return None
+        shared = tiles.compiled_shared_bytes(kernel, cfg, target)
+        return shared if target.fits(shared) else None
+
+    space = TuneSpace(
+        name="",
+        kernels=tiles.KERNELS,
+        key=lambda kernel, bucket: cache_key(target, kernel, gemm_shape(kernel, shape), bucket),
+        heuristic=tiles.heuristic_config,
+        search_space=search_space,
+        fits=fits,
+        feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
+    )
+    return run_tuner(space, target, buckets, bench, progress)
 
 
 def _distance(a: GemmConfig, b: GemmConfig) -> tuple:
@@ -304,3 +397,83 @@ def print_progress(message: str) -> None:
     else:
         sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+# =============================================================================================
+# W4A4 (SM12x only, ``sglang_glm5.w4a4``): its cache side. W4A4 tiles live in the same cache files, as
+# Entry values under "entries", with keys in cache_key's format for kernels "w4a4_gemm1" | "w4a4_gemm2"
+# and W4A4's own revision (not the W4A16 KERNEL_REVISION: a new W4A16 design does not retire W4A4 tiles).
+# The tokens per expert from which resolve_path("auto") picks W4A4 sit in the file's top-level
+# "w4a4_threshold" object, keyed by target and layer shape (never in "entries", whose values are configs).
+# The W4A4 tuner, which prunes and stores through the functions above, is ``sglang_glm5.w4a4_tune``.
+
+W4A4_THRESHOLD_KEY = "w4a4_threshold"
+
+
+def w4a4_cache_key(target: GpuTarget, kernel: str, shape: MoeShape, bucket: int) -> str:
+    from sglang_glm5.w4a4 import KERNEL_REVISION
+
+    e, n, k = gemm_shape(kernel, shape)
+    return f"{target.name}|sm_{target.arch}|w4a4_{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
+
+
+def lookup_w4a4(cache: ConfigCache, shape: MoeShape, tokens_per_expert: float, fallback: MoeConfig) -> MoeConfig:
+    """The W4A4 entries of a ConfigCache for this shape and bucket; ``fallback`` for the missing ones."""
+    bucket = m_bucket(tokens_per_expert)
+    found = [cache.entries.get(w4a4_cache_key(cache.target, k, shape, bucket)) for k in tiles.KERNELS]
+    return MoeConfig(
+        gemm1=found[0].config if found[0] else fallback.gemm1,
+        gemm2=found[1].config if found[1] else fallback.gemm2,
+    )
+
+
+def w4a4_threshold_key(target: GpuTarget, shape: MoeShape) -> str:
+    return f"{target.name}|sm_{target.arch}|E={shape.num_experts},H={shape.hidden},I={shape.inter}"
+
+
+def store_w4a4_threshold(
+    path: Path,
+    target: GpuTarget,
+    shape: MoeShape,
+    min_tokens: float | None,
+    *,
+    measured: bool,
+    timings: dict[int, tuple[float, float]] | None = None,
+) -> None:
+    """Store the tokens per expert from which W4A4 is picked (None: never), locked and atomic."""
+    import triton
+
+    value = {"min_tokens_per_expert": min_tokens, "measured": measured, "triton": triton.__version__}
+    if timings:
+        value["ms"] = {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())}
+
+    def update(data: dict) -> None:
+        table = data.get(W4A4_THRESHOLD_KEY)
+        table = table if isinstance(table, dict) else {}
+        table[w4a4_threshold_key(target, shape)] = value
+        data[W4A4_THRESHOLD_KEY] = table
+
+    update_json(path, update)
+
+
+def load_w4a4_threshold(target: GpuTarget, shape: MoeShape, paths: Iterable[Path] | None = None) -> dict | None:
+    """The stored threshold entry ({"min_tokens_per_expert": number or None, "measured": bool, ...}) from
+    the user cache over the shipped one; None when neither has one. Broken files are reported once."""
+    for path in paths if paths is not None else (user_cache_path(target), shipped_cache_path(target)):
+        try:
+            data = read_json(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            _report_once(f"autotune cache {path} skipped: {e}")
+            continue
+        table = data.get(W4A4_THRESHOLD_KEY)
+        value = table.get(w4a4_threshold_key(target, shape)) if isinstance(table, dict) else None
+        if value is None:
+            continue
+        m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
+        if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
+            return value
+        _report_once(f"{path}: skipping W4A4 threshold {w4a4_threshold_key(target, shape)!r}: expected a number "
+                     f">= 0 or null for min_tokens_per_expert, got {m!r}")  # fmt: skip
+    return None

@@ -98,12 +98,16 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
 
     w13_t, w2_t = dequant_all() if with_baselines else (None, None)  # [E, H, 2I], [E, I, H] views
     rows = []
-    for m in ms:
+    for i, m in enumerate(ms):
         weights, ids, tokens = _balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         args = (x, *layer.args(), weights, ids)
         out = nvfp4_fused_moe(*args)
-        t_ours = triton.testing.do_bench(partial(nvfp4_fused_moe, *args), warmup=25, rep=200, return_mode="median")
+        # As the SGLang plugin calls it: routing ids are valid by construction, no host-side id check.
+        ours = partial(nvfp4_fused_moe, *args, check_ids=False)
+        if i == 0:  # about 2 s of work first, so that the first row is not timed while clocks ramp up
+            triton.testing.do_bench(ours, warmup=2000, rep=10)
+        t_ours = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
         t_bf16 = t_deq = None
         err = float("nan")
         if with_baselines:
@@ -174,6 +178,15 @@ def write_results(out_dir: Path, name: str, shapes_rows: dict[MoeShape, list[Ben
     return md
 
 
+def rotating_layers(shape: MoeShape, gen: torch.Generator) -> list:
+    """Enough random copies of the layer to exceed twice the GPU's L2 cache, for timing in rotation."""
+    from sglang_glm5.testing import random_layer
+
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    copies = max(1, -(-2 * l2 // shape.weight_bytes))
+    return [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
+
+
 def kernel_bencher(shape: MoeShape, seed: int):
     """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU.
 
@@ -183,13 +196,11 @@ def kernel_bencher(shape: MoeShape, seed: int):
     import triton.testing
 
     from sglang_glm5 import moe
-    from sglang_glm5.testing import random_layer
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-    copies = max(1, -(-2 * l2 // shape.weight_bytes))
-    layers = [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
+    layers = rotating_layers(shape, gen)
+    copies = len(layers)
     inputs: dict[int, tuple] = {}
 
     def bench(kernel: str, cfg, bucket: int) -> float:
@@ -197,7 +208,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
             weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
             x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
             h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
-            inputs[bucket] = (x, h, weights, ids)
+            inputs[bucket] = (moe.prepare_activations(x), moe.prepare_activations(h), weights, ids)
         x, h, weights, ids = inputs[bucket]
         route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
         turn = iter(range(1 << 62))
@@ -205,11 +216,11 @@ def kernel_bencher(shape: MoeShape, seed: int):
         def launch():
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
-                out = torch.empty(ids.numel(), shape.inter, dtype=x.dtype, device="cuda")
+                out = torch.empty(ids.numel(), shape.inter, dtype=torch.float16, device="cuda")
                 moe._launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
                                   0, shape.inter, False)  # fmt: skip
             else:
-                out = torch.empty(ids.numel(), shape.hidden, dtype=x.dtype, device="cuda")
+                out = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
                 moe._launch_gemm2(h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route, out,
                                   cfg, False)  # fmt: skip
 

@@ -13,6 +13,12 @@ import sys
 import time
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
+SELFCHECK_TOKENS = (1, 7, 64)  # `selfcheck` (W4A16); --path w4a4 has its own (w4a4_verify.SELFCHECK_TOKENS)
+TUNE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # `tune` (W4A16); w4a4_tune.TUNE_BUCKETS
+PATH_HELP = (
+    "w4a16 (default): NVFP4 weights, 16-bit activations, any SM80+ GPU; w4a4: SM12x only, activations "
+    "quantized to NVFP4 with the checkpoint's input scales for the block-scaled FP4 tensor cores (prefill)"
+)
 
 # Modules that add their own subcommands (each exposes add_cli(subparsers)).
 _COMMAND_MODULES: tuple[str, ...] = (
@@ -26,6 +32,10 @@ _COMMAND_MODULES: tuple[str, ...] = (
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     """Run the op on a GLM-5-shaped layer and compare it with the float64 reference."""
+    if args.path == "w4a4":
+        from sglang_glm5 import w4a4_verify
+
+        return w4a4_verify.selfcheck_command(args)
     import torch
 
     use_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -48,7 +58,7 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     print(f"selfcheck: {shape} on {mode}, seed {seed}")
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, device)
     failures = 0
-    for num_tokens in args.tokens:
+    for num_tokens in args.tokens or SELFCHECK_TOKENS:
         x = torch.randn(num_tokens, shape.hidden, generator=gen, device=device).bfloat16()
         weights, ids = random_routing(num_tokens, shape.num_experts, shape.top_k, gen, device=device)
         t0 = time.perf_counter()
@@ -92,6 +102,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Pick tile configs for a target GPU: measured on the local GPU, else feasible picks offline."""
+    if args.path == "w4a4":
+        from sglang_glm5 import w4a4_tune
+
+        return w4a4_tune.tune_command(args)
     from pathlib import Path
 
     from sglang_glm5 import autotune
@@ -122,7 +136,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             from sglang_glm5.bench import kernel_bencher
 
             bench = kernel_bencher(shape, seed)
-        entries, report = autotune.tune(target, shape, args.batch_sizes, bench, progress=autotune.print_progress)
+        buckets = args.batch_sizes or TUNE_BUCKETS
+        entries, report = autotune.tune(target, shape, buckets, bench, progress=autotune.print_progress)
         autotune.store(out, target, entries)
         for field in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
             setattr(total, field, getattr(total, field) + getattr(report, field))
@@ -147,8 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda when present")
     p.add_argument("--shape", default=None, help="glm5-ep8, glm5-tp8, glm5-mini or E,H,I (default: by device)")
-    p.add_argument("--tokens", type=int_list, default=[1, 7, 64], help="token counts, comma separated (1,7,64)")
+    p.add_argument(
+        "--tokens", type=int_list, default=None,
+        help="token counts, comma separated (default 1,7,64; with --path w4a4: 7,256,2048)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    p.add_argument(
+        "--path", choices=("w4a16", "w4a4"), default="w4a16",
+        help=f"which kernels to check: {PATH_HELP}. With w4a4 (SM12x GPUs only, exit 2 elsewhere) the W4A4 op "
+        "and the W4A16 op both run against the float64 reference (W4A4 within the error bound its NVFP4 "
+        "activations imply); a pass is recorded in the user cache so that path='auto' may pick W4A4 on this GPU",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_selfcheck)
 
     p = sub.add_parser(
@@ -178,10 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
     p.add_argument(
-        "--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
-        help="tokens per expert to tune for (powers of two; others are rounded up)",
+        "--batch-sizes", type=int_list, default=None,
+        help="tokens per expert to tune for (powers of two; others are rounded up; default 1,2,4,...,2048; "
+        "with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
+    p.add_argument(
+        "--path", choices=("w4a16", "w4a4"), default="w4a16",
+        help=f"which kernels to tune: {PATH_HELP}. With w4a4 the target must be SM12x (exit 2 otherwise); on "
+        "such a local GPU it benchmarks the W4A4 tiles and measures the threshold (the smallest tokens per "
+        "expert from which W4A4 beats W4A16, used by path='auto'); offline it stores AOT-checked picks and the "
+        "default threshold, marked measured: false",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_tune)
 
     for module in _COMMAND_MODULES:

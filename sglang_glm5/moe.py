@@ -2,10 +2,16 @@
 
     T = tokens, H = hidden size, I = intermediate size per expert, E = local experts, k = top-k
 
-``nvfp4_fused_moe`` validates its inputs, sorts the (token, slot) pairs by expert, and launches
-gemm1 (gate/up with fused SiLU * up), gemm2 (down projection times the routing weight) and a
-deterministic sum over the k slots. The torch reference with the same signature is
-``sglang_glm5.reference.nvfp4_fused_moe_reference``.
+``nvfp4_fused_moe`` validates its inputs and picks a path:
+
+- W4A4 on SM12x when asked for, or by "auto" once proven on that GPU (``sglang_glm5.w4a4_select``);
+- dense prefill on sm_90 / sm_100 from ``prefill.min_tokens()`` tokens per expert
+  (``sglang_glm5.prefill``: weights dequantized once to bf16, torch grouped GEMMs);
+- otherwise the W4A16 kernels: sort the (token, slot) pairs by expert, write the activations in the
+  kernels' K order (``prepare_activations``), gemm1 (gate/up with fused SiLU * up), gemm2 (down
+  projection times the routing weight) and a deterministic sum over the k slots.
+
+The torch reference with the same signature is ``sglang_glm5.reference.nvfp4_fused_moe_reference``.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import torch
 import triton
 
+from sglang_glm5 import prefill
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.tiles import GemmConfig, MoeConfig, heuristic_config
 
@@ -174,6 +181,11 @@ def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, devic
     return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert)
 
 
+def _dense_prefill(device: torch.device, tokens_per_expert: float) -> bool:
+    """Whether ``sglang_glm5.prefill`` (dequantize once + grouped GEMM) serves this call."""
+    return tokens_per_expert >= prefill.min_tokens() and prefill.available(device)
+
+
 def nvfp4_fused_moe(
     hidden_states: torch.Tensor,
     w13: torch.Tensor,
@@ -187,6 +199,10 @@ def nvfp4_fused_moe(
     *,
     w13_order: str = "gate_up",
     config: MoeConfig | None = None,
+    path: str = "auto",
+    w13_input_scale: torch.Tensor | float | None = None,
+    w2_input_scale: torch.Tensor | float | None = None,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """NVFP4 mixture of experts: [T, H] hidden states -> [T, H], dtype of hidden_states.
 
@@ -195,6 +211,13 @@ def nvfp4_fused_moe(
     [E, H, I/16] e4m3, w2_scale_2 [E] fp32; topk_weights [T, k] fp32 (routed scaling included);
     topk_ids [T, k] int32/int64 local expert ids, -1 = expert not on this rank.
     w13_order: "gate_up" when w13 rows are [gate; up], "up_gate" when [up; gate].
+    config: tiles for the W4A16 kernels (default: the autotune cache, else the heuristic); a config
+    also keeps the call on those kernels (no dense prefill).
+    path: "w4a16" (NVFP4 weights, 16-bit activations), "w4a4" (SM12x only: activations quantized to
+    NVFP4 with the input scales, block-scaled FP4 tensor cores), or "auto" (``w4a4_select.resolve_path``).
+    w13_input_scale, w2_input_scale: the checkpoint's activation scales, needed by the W4A4 path.
+    check_ids: raise on expert ids outside [-1, E). Costs a device-to-host sync per call (skipped
+    during CUDA-graph capture); callers whose ids are valid by construction turn it off.
     """
     num_tokens, hidden, num_experts, inter, top_k = _validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
@@ -202,21 +225,41 @@ def nvfp4_fused_moe(
     out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     if num_tokens == 0:
         return out
-    _check_ids_in_range(topk_ids, num_experts)
+    if check_ids:
+        _check_ids_in_range(topk_ids, num_experts)
     if config is not None and not isinstance(config, MoeConfig):
         raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
     num_pairs = num_tokens * top_k
-    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, hidden_states.device)
+    if path != "w4a16":
+        from sglang_glm5.w4a4_select import resolve_path
 
+        chosen = resolve_path(
+            path, hidden_states.device, num_pairs / num_experts, (num_experts, hidden, inter),
+            w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale,
+        )  # fmt: skip
+        if chosen == "w4a4":
+            from sglang_glm5.w4a4 import nvfp4_fused_moe_w4a4
+
+            return nvfp4_fused_moe_w4a4(
+                hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
+                w13_input_scale, w2_input_scale, w13_order=w13_order, check_ids=False,  # checked above
+            )  # fmt: skip
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
     gs13 = w13_scale_2.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
+    if config is None and not interpret and _dense_prefill(hidden_states.device, num_pairs / num_experts):
+        return prefill.dense_moe(
+            hidden_states, w13, w13_scale, gs13, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
+            inter=inter, gate_row0=gate_row0, out=out,
+        )  # fmt: skip
+    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, hidden_states.device)
 
     routes = {bm: align_pairs_by_expert(topk_ids, num_experts, bm) for bm in {cfg.gemm1.block_m, cfg.gemm2.block_m}}
 
-    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=hidden_states.device)
-    _launch_gemm1(hidden_states, w13, w13_scale, gs13, routes[cfg.gemm1.block_m], h, cfg.gemm1, top_k,
+    xp = prepare_activations(hidden_states)
+    h = torch.empty((num_pairs, inter), dtype=torch.float16, device=hidden_states.device)
+    _launch_gemm1(xp, w13, w13_scale, gs13, routes[cfg.gemm1.block_m], h, cfg.gemm1, top_k,
                   gate_row0, up_row0, interpret)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
@@ -225,15 +268,39 @@ def nvfp4_fused_moe(
     return out
 
 
+def prepare_activations(x: torch.Tensor) -> torch.Tensor:
+    """[T, K] bf16/fp16 -> [T, K] fp16: x * 2^-8, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 31].
+
+    The layout the GEMM kernels read activations in (``sglang_glm5.kernels.nvfp4_moe``); K % 32 == 0.
+    """
+    num_rows, k = x.shape
+    xp = torch.empty((num_rows, k), dtype=torch.float16, device=x.device)
+    block_t, block_k = 16, 256
+    _k.prepare_activations_kernel[(triton.cdiv(num_rows, block_t), triton.cdiv(k, block_k))](
+        x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
+        BLOCK_T=block_t, BLOCK_K=block_k,
+    )  # fmt: skip
+    return xp
+
+
 def sum_over_slots(
-    y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, num_experts: int, interpret: bool
+    y: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    num_experts: int,
+    interpret: bool,
+    row_map: torch.Tensor | None = None,
 ) -> None:
-    """out[t] = sum of y[t * k + j] over the slots j with a local expert (fp32, deterministic)."""
+    """out[t] = sum of y[row of pair t * k + j] over the slots j with a local expert (fp32, deterministic).
+
+    The row of pair p is p, or row_map[p] ([T * k] int32) when given.
+    """
     num_tokens, hidden = out.shape
     block_h = 1024
     _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y_ptr=y,
         topk_ids_ptr=topk_ids,
+        row_map_ptr=row_map if row_map is not None else topk_ids,
         out_ptr=out,
         hidden_size=hidden,
         num_experts=num_experts,
@@ -241,13 +308,21 @@ def sum_over_slots(
         stride_ot=out.stride(0),
         TOP_K=topk_ids.shape[1],
         BLOCK_H=block_h,
+        HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,
     )
+
+
+def _check_block_k(cfg: GemmConfig) -> None:
+    if cfg.block_k < 64:
+        raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
 
 
 def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret):
     num_pairs, inter = h.shape
     sorted_ids, block_expert = route
+    _check_block_k(cfg)
+    w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
     grid = (block_expert.numel(), triton.cdiv(inter, cfg.block_n))
     _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
@@ -274,6 +349,7 @@ def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gat
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        EVEN_K=x.shape[1] % cfg.block_k == 0,
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -283,6 +359,8 @@ def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gat
 def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret):
     num_pairs, hidden = y.shape
     sorted_ids, block_expert = route
+    _check_block_k(cfg)
+    w2 = w2.view(torch.int16)
     grid = (block_expert.numel(), triton.cdiv(hidden, cfg.block_n))
     _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
@@ -305,6 +383,7 @@ def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmCo
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        EVEN_K=h.shape[1] % cfg.block_k == 0,
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

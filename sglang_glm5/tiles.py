@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from sglang_glm5.hardware import GpuTarget
 
 KERNELS = ("gemm1", "gemm2")
+# Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
+# configs tuned for the old ones meaningless (2: weights as the left operand, inline-PTX decode).
+KERNEL_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,17 @@ class MoeConfig:
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     """A config that is correct everywhere and small enough for any target's shared memory.
 
-    Picked from a sweep of 27-80 configs per size on one H200 (bench/h200_sweep.json): block_k 64
-    and 3-4 stages won at every m; block_m follows the tokens per expert. Every config here fits
-    SM120's 101376 B: compiled ahead of time for sm_120 (Triton 3.8), the largest, 128 x 64 x 64 at
-    3 stages, takes 57600 B in gemm1.
+    From a sweep of 24-34 configs per size on one H200 (bench/h200/sweep_r2.log): at decode sizes
+    block_k 128 with 3 stages won, at 256 and 2048 tokens per expert 64 x 128 x 64. Larger tiles that
+    won at m=64 (64 x 128 x 256) are left to the tuner: they do not fit SM120's 101376 B. Every config
+    here does (compiled ahead of time for sm_120 in tests/test_tiles.py).
     """
     if tokens_per_expert <= 16:
-        cfg = GemmConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=4)
-    elif tokens_per_expert <= 32:
-        cfg = GemmConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=4)
+        cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
     elif tokens_per_expert <= 128:
-        cfg = GemmConfig(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4)
+        cfg = GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3)
     else:
-        cfg = GemmConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
+        cfg = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)
     return MoeConfig(gemm1=cfg, gemm2=cfg)
 
 
@@ -110,7 +111,7 @@ def _kernel_fn(kernel: str):
 
 # Pointer arguments and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {
-    "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
+    "x_ptr": "*fp16", "h_ptr": "*fp16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
     "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
@@ -138,7 +139,9 @@ def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: d
 
 
 def _compile(kernel: str, cfg: GemmConfig, arch: int):
-    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "INTERPRETER": False}
+    consts = {
+        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
+    }  # fmt: skip
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
@@ -183,18 +186,12 @@ def _compile_in_worker(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool =
     return [results[i] for i in range(len(jobs))]
 
 
-def compiled_shared_bytes_many(
-    items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
-) -> list[int]:
-    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture.
-
-    No GPU needed. Results are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
-    version and kernel source; the missing ones compile together in one worker process.
-    """
+def memoized_aot(keys: list[str], compile_missing, *, memo: bool = True) -> list:
+    """Values for ``keys`` from the on-disk memo ($SGLANG_GLM5_CACHE_DIR/aot_shared.json), computing the
+    missing ones in one ``compile_missing(indices) -> values`` call; only int values (sizes) are stored."""
     from sglang_glm5._files import cache_dir, read_json, update_json
 
     path = cache_dir() / "aot_shared.json"
-    keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
     known: dict = {}
     if memo:
         try:
@@ -203,12 +200,27 @@ def compiled_shared_bytes_many(
             known = {}
     missing = sorted({i for i, key in enumerate(keys) if not isinstance(known.get(key), int)})
     if missing:
-        fresh = _compile_in_worker([(items[i][0], items[i][1], target.arch) for i in missing])
-        new = {keys[i]: int(v) for i, v in zip(missing, fresh, strict=True)}
+        new = {keys[i]: v for i, v in zip(missing, compile_missing(missing), strict=True)}
         known = {**known, **new}
         if memo:
-            update_json(path, lambda d: d.update(new))
-    return [int(known[key]) for key in keys]
+            update_json(path, lambda d: d.update({k: v for k, v in new.items() if isinstance(v, int)}))
+    return [known[key] for key in keys]
+
+
+def compiled_shared_bytes_many(
+    items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
+) -> list[int]:
+    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture.
+
+    No GPU needed. Results are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
+    version and kernel source; the missing ones compile together in worker processes.
+    """
+    keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
+
+    def compile_missing(indices: list[int]) -> list[int]:
+        return [int(v) for v in _compile_in_worker([(items[i][0], items[i][1], target.arch) for i in indices])]
+
+    return [int(v) for v in memoized_aot(keys, compile_missing, memo=memo)]
 
 
 def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:

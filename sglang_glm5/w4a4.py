@@ -33,6 +33,15 @@ import torch
 
 from sglang_glm5 import nvfp4
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.w4a4_select import resolve_path, sm12x_problem
+
+__all__ = [
+    "MIN_TOKENS_PER_EXPERT",
+    "heuristic_config",
+    "nvfp4_fused_moe_w4a4",
+    "nvfp4_fused_moe_w4a4_emulated",
+    "resolve_path",  # defined in sglang_glm5.w4a4_select, importable from here too
+]
 
 # ---------------------------------------------------------------------------------------------
 # CPU emulation: exactly the W4A4 math, in torch.
@@ -83,7 +92,7 @@ def nvfp4_fused_moe_w4a4_emulated(
     gs13 = w13_scale_2.float().reshape(num_experts, -1).expand(num_experts, 2)
     out_dtype = hidden_states.dtype
     xq = _unit(hidden_states, a1)  # [T, H]
-    acc = torch.zeros(hidden_states.shape, dtype=torch.float32)
+    acc = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
     for e in range(num_experts):
         token, slot = torch.nonzero(topk_ids == e, as_tuple=True)
         if token.numel() == 0:
@@ -111,7 +120,10 @@ SHIPPED_CONFIGS = (
     GemmConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
 )
 KERNELS = ("gemm1", "gemm2")
-# Tokens per expert from which "auto" would pick W4A4 on SM12x (unmeasured: to be tuned on an RTX PRO 6000).
+KERNEL_REVISION = 1  # in the W4A4 cache keys: raise it when a kernel change makes tuned tiles stale
+# Tokens per expert from which "auto" picks W4A4 on SM12x (w4a4_select.resolve_path) when neither
+# $SGLANG_GLM5_W4A4_MIN_TOKENS nor a `sglang-glm5 tune --path w4a4` measurement says otherwise.
+# Unmeasured: nobody here has run W4A4 on an SM120 GPU.
 MIN_TOKENS_PER_EXPERT = 64
 
 
@@ -119,6 +131,49 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     """A shipped config (each AOT-checked for sm_120 in tests/test_w4a4.py)."""
     cfg = SHIPPED_CONFIGS[0] if tokens_per_expert <= 128 else SHIPPED_CONFIGS[2]
     return MoeConfig(gemm1=cfg, gemm2=cfg)
+
+
+_caches: dict[int, object] = {}
+_picked: dict[tuple, MoeConfig] = {}
+
+
+def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
+    """The W4A4 entries of this GPU's autotune cache (``sglang-glm5 tune --path w4a4``), else the heuristic.
+
+    The cache is read once per device and the answers are memoized: a call costs a dict lookup.
+    """
+    tokens_per_expert = num_pairs / max(num_experts, 1)
+    if device.type != "cuda":
+        return heuristic_config(tokens_per_expert)
+    from sglang_glm5 import autotune
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, num_experts, hidden, inter, autotune.m_bucket(tokens_per_expert))
+    cfg = _picked.get(key)
+    if cfg is None:
+        from sglang_glm5.hardware import detect
+        from sglang_glm5.shapes import MoeShape
+
+        cache = _caches.get(index)
+        if cache is None:
+            cache = _caches[index] = autotune.ConfigCache(detect(index))
+        shape = MoeShape(num_experts, hidden, inter)
+        cfg = _picked[key] = autotune.lookup_w4a4(cache, shape, tokens_per_expert, heuristic_config(tokens_per_expert))
+    return cfg
+
+
+def model_shared_bytes(kernel: str, cfg: GemmConfig) -> int:
+    """Upper bound on the shared memory of a W4A4 GEMM on sm_120 (mma.sync: num_stages - 1 buffers).
+
+    Per buffer: the packed activation tile (BM x BK/2) and its scales (BM x BK/16), and per weight matrix
+    (gate and up in gemm1) BN x BK/2 + BN x BK/16. Checked against Triton 3.8's AOT numbers in
+    tests/test_w4a4.py (e.g. gemm1 128x128x256, 3 stages: model 110592 B, compiled 100352 B).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    weights = 2 if kernel == "gemm1" else 1
+    per_row = cfg.block_k // 2 + cfg.block_k // 16
+    return max(cfg.num_stages - 1, 1) * (cfg.block_m + weights * cfg.block_n) * per_row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,21 +206,57 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int):
 
 
 def aot_compile(jobs: list[tuple[str, GemmConfig, int]]) -> list[AotResult | str]:
-    """Compile each (kernel, config, arch) in a fresh process with the interpreter off (kernels defined
-    under TRITON_INTERPRET=1 cannot be compiled in-process). A job that fails gives its error line."""
+    """Compile each (kernel, config, arch) in fresh processes with the interpreter off (kernels defined
+    under TRITON_INTERPRET=1 cannot be compiled in-process), up to one per CPU core (16 at most).
+    A job that fails gives its error line."""
     import os
     import subprocess
 
-    payload = json.dumps([(k, c.as_dict(), a) for k, c, a in jobs])
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang_glm5.w4a4"], input=payload, capture_output=True, text=True, env=env
-    )
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-        raise RuntimeError(f"W4A4 AOT worker failed: {tail}")
-    results = json.loads(proc.stdout)
-    return [AotResult(r["shared"], tuple(r["mma"]), r["target"]) if isinstance(r, dict) else r for r in results]
+    procs = []
+    for w in range(workers):
+        payload = json.dumps([(k, c.as_dict(), a) for k, c, a in jobs[w::workers]])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_glm5.w4a4"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        procs.append((proc, payload))
+    results: list = [None] * len(jobs)
+    for w, (proc, payload) in enumerate(procs):
+        out, err = proc.communicate(payload)
+        if proc.returncode != 0:
+            tail = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+            raise RuntimeError(f"W4A4 AOT worker failed: {tail}")
+        for i, r in enumerate(json.loads(out)):
+            done = AotResult(r["shared"], tuple(r["mma"]), r["target"]) if isinstance(r, dict) else r
+            results[w + i * workers] = done
+    return results
+
+
+def compiled_shared_bytes_many(items: list[tuple[str, GemmConfig]], arch: int) -> list[int | str]:
+    """Shared bytes of each (kernel, config) compiled for sm_{arch}, or the compile's error line.
+
+    Sizes are memoized in $SGLANG_GLM5_CACHE_DIR/aot_shared.json (the W4A16 tuner's file, keys prefixed "w4a4|") per
+    Triton version and kernel source; the missing ones compile together.
+    """
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    import triton
+
+    from sglang_glm5.tiles import memoized_aot
+
+    src = Path(importlib.util.find_spec("sglang_glm5.kernels.nvfp4_w4a4").origin).read_bytes()
+    digest = hashlib.sha256(src).hexdigest()[:12]
+    keys = [f"w4a4|triton={triton.__version__}|src={digest}|{k}|sm_{arch}|{c.label}" for k, c in items]
+
+    def compile_missing(indices: list[int]) -> list[int | str]:
+        fresh = aot_compile([(items[i][0], items[i][1], arch) for i in indices])
+        return [r.shared if isinstance(r, AotResult) else r for r in fresh]  # errors: returned, not memoized
+
+    return memoized_aot(keys, compile_missing)
 
 
 def _worker() -> None:
@@ -191,13 +282,68 @@ def _worker() -> None:
 # Launch: the compiled path on SM12x; ``emulate_dot`` (the interpreter tests) swaps dot_scaled out.
 
 
-def _run(
-    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
-    w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
-) -> torch.Tensor:  # fmt: skip
+def _quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (packed [T, H/2] uint8, e4m3 scales [T, H/16] uint8) with the global scale a1 [1] fp32."""
     import triton
 
     from sglang_glm5.kernels import nvfp4_w4a4 as k
+
+    num_tokens, hidden = x.shape
+    xq = torch.empty((num_tokens, hidden // 2), dtype=torch.uint8, device=x.device)
+    xs = torch.empty((num_tokens, hidden // 16), dtype=torch.uint8, device=x.device)
+    block_t, block_k = 16, 256
+    k.nvfp4_quantize_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(hidden, block_k))](
+        x_ptr=x, global_scale_ptr=a1, xq_ptr=xq, xs_ptr=xs, num_rows=num_tokens, K=hidden,
+        stride_xt=x.stride(0), stride_qt=xq.stride(0), stride_st=xs.stride(0), BLOCK_T=block_t, BLOCK_K=block_k,
+    )  # fmt: skip
+    return xq, xs
+
+
+def _launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
+                  gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
+    import triton
+
+    from sglang_glm5.kernels import nvfp4_w4a4 as k
+
+    sorted_ids, block_expert = route
+    num_pairs, inter = hq.shape[0], hq.shape[1] * 2
+    k.nvfp4_w4a4_gemm1_kernel[(block_expert.numel(), triton.cdiv(inter, cfg.block_n))](
+        xq_ptr=xq, xs_ptr=xs, a1_ptr=a1, w_ptr=w13, ws_ptr=w13_scale.view(torch.uint8), wgs_ptr=gs13, a2_ptr=a2,
+        sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, hq_ptr=hq, hs_ptr=hs,
+        num_pairs=num_pairs, top_k=top_k, inter_size=inter, hidden_size=xq.shape[1] * 2,
+        stride_xqt=xq.stride(0), stride_xst=xs.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
+        stride_se=w13_scale.stride(0), stride_sn=w13_scale.stride(1), stride_gse=gs13.stride(0),
+        stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0, stride_a2e=a2.stride(0),
+        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), gate_row0=gate_row0, up_row0=up_row0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EMULATE_DOT=emulate_dot,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
+                  emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
+    import triton
+
+    from sglang_glm5.kernels import nvfp4_w4a4 as k
+
+    sorted_ids, block_expert = route
+    num_pairs, hidden = y.shape
+    k.nvfp4_w4a4_gemm2_kernel[(block_expert.numel(), triton.cdiv(hidden, cfg.block_n))](
+        hq_ptr=hq, hs_ptr=hs, a2_ptr=a2, w_ptr=w2, ws_ptr=w2_scale.view(torch.uint8), wgs_ptr=gs2,
+        topk_weights_ptr=topk_weights_flat, sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, y_ptr=y,
+        num_pairs=num_pairs, hidden_size=hidden, inter_size=hq.shape[1] * 2,
+        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), stride_a2e=a2.stride(0),
+        stride_we=w2.stride(0), stride_wn=w2.stride(1), stride_se=w2_scale.stride(0), stride_sn=w2_scale.stride(1),
+        stride_yt=y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EMULATE_DOT=emulate_dot, INTERPRETER=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _run(
+    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
+    w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
+    check_ids: bool = True,
+) -> torch.Tensor:  # fmt: skip
     from sglang_glm5.moe import _check_ids_in_range, _validate, align_pairs_by_expert, interpreting, sum_over_slots
 
     num_tokens, hidden, num_experts, inter, top_k = _validate(
@@ -207,53 +353,28 @@ def _run(
     out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)
     if num_tokens == 0:
         return out
-    _check_ids_in_range(topk_ids, num_experts)
+    if check_ids:
+        _check_ids_in_range(topk_ids, num_experts)
+    if config is not None and not isinstance(config, MoeConfig):
+        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
     a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32, device=device).max().reshape(1)
     a2 = _per_expert(w2_input_scale, num_experts, "w2_input_scale").to(device).contiguous()
     num_pairs = num_tokens * top_k
-    cfg = config or heuristic_config(num_pairs / num_experts)
+    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, device)
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
-    gs13 = w13_scale_2.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
 
-    xq = torch.empty((num_tokens, hidden // 2), dtype=torch.uint8, device=device)
-    xs = torch.empty((num_tokens, hidden // 16), dtype=torch.uint8, device=device)
-    block_t, block_k = 16, 256
-    k.nvfp4_quantize_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(hidden, block_k))](
-        x_ptr=hidden_states, global_scale_ptr=a1, xq_ptr=xq, xs_ptr=xs, num_rows=num_tokens, K=hidden,
-        stride_xt=hidden_states.stride(0), stride_qt=xq.stride(0), stride_st=xs.stride(0),
-        BLOCK_T=block_t, BLOCK_K=block_k,
-    )  # fmt: skip
-
-    c1, c2 = cfg.gemm1, cfg.gemm2
-    sorted_ids, block_expert = align_pairs_by_expert(topk_ids, num_experts, c1.block_m)
+    xq, xs = _quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
-    k.nvfp4_w4a4_gemm1_kernel[(block_expert.numel(), triton.cdiv(inter, c1.block_n))](
-        xq_ptr=xq, xs_ptr=xs, a1_ptr=a1, w_ptr=w13, ws_ptr=w13_scale.view(torch.uint8), wgs_ptr=gs13, a2_ptr=a2,
-        sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, hq_ptr=hq, hs_ptr=hs,
-        num_pairs=num_pairs, top_k=top_k, inter_size=inter, hidden_size=hidden,
-        stride_xqt=xq.stride(0), stride_xst=xs.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
-        stride_se=w13_scale.stride(0), stride_sn=w13_scale.stride(1), stride_gse=gs13.stride(0),
-        stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0, stride_a2e=a2.stride(0),
-        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), gate_row0=gate_row0, up_row0=up_row0,
-        BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, EMULATE_DOT=emulate_dot,
-        num_warps=c1.num_warps, num_stages=c1.num_stages,
-    )  # fmt: skip
-
-    sorted_ids, block_expert = align_pairs_by_expert(topk_ids, num_experts, c2.block_m)
+    route1 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm1.block_m)
+    _launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
+                  gate_row0, up_row0, emulate_dot)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    k.nvfp4_w4a4_gemm2_kernel[(block_expert.numel(), triton.cdiv(hidden, c2.block_n))](
-        hq_ptr=hq, hs_ptr=hs, a2_ptr=a2, w_ptr=w2, ws_ptr=w2_scale.view(torch.uint8),
-        wgs_ptr=w2_scale_2.contiguous(), topk_weights_ptr=topk_weights.reshape(-1).contiguous(),
-        sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, y_ptr=y,
-        num_pairs=num_pairs, hidden_size=hidden, inter_size=inter,
-        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), stride_a2e=a2.stride(0),
-        stride_we=w2.stride(0), stride_wn=w2.stride(1), stride_se=w2_scale.stride(0), stride_sn=w2_scale.stride(1),
-        stride_yt=y.stride(0), BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k,
-        EMULATE_DOT=emulate_dot, INTERPRETER=interpret, num_warps=c2.num_warps, num_stages=c2.num_stages,
-    )  # fmt: skip
+    route2 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
+    _launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
+                  y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
@@ -273,24 +394,23 @@ def nvfp4_fused_moe_w4a4(
     *,
     w13_order: str = "gate_up",
     config: MoeConfig | None = None,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """W4A4 NVFP4 MoE on SM12x tensor cores; the arguments of ``nvfp4_fused_moe`` plus the input scales.
 
     w13_input_scale: scalar, [E] or [E, 2] fp32 (its max is the one activation global scale);
-    w2_input_scale: scalar or [E] fp32 local-expert scales. Raises RuntimeError off SM12x GPUs: the
-    block-scaled FP4 mma exists only there (sm_90 compiles dot_scaled to a bf16 upcast).
+    w2_input_scale: scalar or [E] fp32 local-expert scales. config: W4A4 tiles (default: the W4A4
+    entries of the autotune cache, else ``heuristic_config``). check_ids: as in ``nvfp4_fused_moe`` (the
+    id range check syncs with the host). Raises RuntimeError off SM12x GPUs: the block-scaled FP4 mma
+    exists only there (sm_90 compiles dot_scaled to a bf16 upcast).
     NOT YET RUN ON SM120 HARDWARE.
     """
-    device = hidden_states.device if isinstance(hidden_states, torch.Tensor) else None
-    if device is None or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 12:
-        if device is None or device.type != "cuda":
-            got = "no tensor" if device is None else str(device)
-        else:
-            got = "sm_{}{}".format(*torch.cuda.get_device_capability(device))
+    got = sm12x_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
+    if got is not None:
         raise RuntimeError(f"nvfp4_fused_moe_w4a4 needs an SM12x (Blackwell workstation) CUDA GPU, got {got}")
     return _run(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
-        w13_input_scale, w2_input_scale, w13_order=w13_order, config=config, emulate_dot=False,
+        w13_input_scale, w2_input_scale, w13_order=w13_order, config=config, emulate_dot=False, check_ids=check_ids,
     )  # fmt: skip
 
 

@@ -53,11 +53,19 @@ def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == tiles.heuristic_config(1)
 
 
-def test_untuned_bucket_falls_back_to_the_heuristic(tmp_path):
+def test_untuned_bucket_takes_the_nearest_tuned_one_then_the_heuristic(tmp_path):
     path = tmp_path / "c.json"
-    autotune.store(path, SM120, {_key("gemm1", 16): _entry(SMALL)})
-    assert ConfigCache(SM120, [path]).lookup(SHAPE, 16).gemm1 == SMALL
-    assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.heuristic_config(4)
+    other = GemmConfig(16, 128, 128, 4, 3)
+    autotune.store(path, SM120, {_key("gemm1", 16): _entry(SMALL), _key("gemm1", 64): _entry(other)})
+    cache = ConfigCache(SM120, [path])
+    assert cache.lookup(SHAPE, 16).gemm1 == SMALL
+    assert cache.lookup(SHAPE, 8).gemm1 == SMALL  # one power of two away
+    assert cache.lookup(SHAPE, 4).gemm1 == SMALL  # two away: still the nearest
+    assert cache.lookup(SHAPE, 32).gemm1 == other  # a tie between 16 and 64 goes to the larger
+    assert cache.lookup(SHAPE, 256).gemm1 == other
+    assert cache.lookup(SHAPE, 512) == tiles.heuristic_config(512)  # three away from 64: too far
+    assert cache.lookup(SHAPE, 2) == tiles.heuristic_config(2)
+    assert cache.lookup(SHAPE, 16).gemm2 == tiles.heuristic_config(16).gemm2  # no gemm2 entry at all
 
 
 def _run_op_with(cache: ConfigCache, gen) -> None:

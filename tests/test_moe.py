@@ -47,7 +47,7 @@ CASES = [
     Case(9, top_k=3, scale_2_per_half=False),  # one global scale for gate and up
     Case(11, num_experts=5, hidden=96, inter=160, top_k=3),  # K not a multiple of block_k (masked tail)
     Case(40, top_k=4, config=_cfg(32, 32, 64)),  # an explicit config, N split in several tiles
-    Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 32), GemmConfig(64, 128, 64))),  # gemm-specific tiles
+    Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 64), GemmConfig(64, 128, 128))),  # gemm-specific tiles
 ]
 
 
@@ -211,3 +211,26 @@ def test_bad_gemm_config():
         GemmConfig(16, 64, 16)
     with pytest.raises(ValueError, match="power of two"):
         GemmConfig(24, 64, 64)
+
+
+def test_block_k_below_64_is_refused_by_the_w4a16_kernels(gen, device):
+    # Four quarter-width dots of block_k / 4 need block_k >= 64; GemmConfig itself allows 32 (W4A4).
+    small = GemmConfig(16, 64, 32)
+    with pytest.raises(ValueError, match="block_k must be >= 64"):
+        nvfp4_fused_moe(**_good(gen, device), config=MoeConfig(small, small))
+
+
+def test_check_ids_off_drops_out_of_range_ids_without_a_sync(gen, device):
+    # check_ids=False (what the SGLang plugin passes) skips the host check; the kernels still drop
+    # ids outside [0, E), so the result equals the reference with those slots marked -1.
+    args = _good(gen, device)
+    num_experts = args["w13"].shape[0]
+    bad = args["topk_ids"].clone()
+    bad[0, 0] = num_experts  # out of range
+    with pytest.raises(ValueError, match="topk_ids: expected values"):
+        nvfp4_fused_moe(**{**args, "topk_ids": bad})
+    got = nvfp4_fused_moe(**{**args, "topk_ids": bad}, check_ids=False).cpu().double()
+    dropped = bad.clone()
+    dropped[0, 0] = -1
+    want = nvfp4_fused_moe_reference(*(v.cpu() for v in {**args, "topk_ids": dropped}.values()))
+    assert ((got - want).norm() / want.norm()) < 1e-2

@@ -13,9 +13,10 @@ from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.tiles import GemmConfig
 
 SAMPLE = [
-    GemmConfig(16, 64, 64, 4, 4),  # the decode heuristic
+    GemmConfig(16, 64, 128, 4, 3),  # the decode heuristic
     GemmConfig(32, 32, 128, 2, 2),  # narrow N, long K
-    GemmConfig(128, 64, 64, 4, 3),  # the prefill heuristic
+    GemmConfig(64, 128, 64, 4, 3),  # the prefill heuristic
+    GemmConfig(16, 128, 256, 8, 4),  # two warpgroups, long K
     GemmConfig(64, 128, 128, 4, 4),  # near the SM120 limit
     GemmConfig(128, 128, 128, 8, 4),  # over it on sm_120, under on sm_90
 ]
@@ -65,10 +66,12 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
     data = _shipped("rtx-pro-6000")
     assert data["_metadata"]["arch"] == 120 and data["entries"]
     target = TARGETS["rtx-pro-6000"]
-    items = sorted({(key.split("|")[2], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
+    kernels = {key: key.split("|")[2].split(".")[0] for key in data["entries"]}  # "gemm1.r2" -> "gemm1"
+    assert all(key.split("|")[2].endswith(f".r{tiles.KERNEL_REVISION}") for key in data["entries"]), "stale entries"
+    items = sorted({(kernels[key], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
     seen = dict(zip(items, tiles.compiled_shared_bytes_many(items, target), strict=True))
     for key, entry in data["entries"].items():
-        kernel = key.split("|")[2]
+        kernel = kernels[key]
         cfg = GemmConfig(**entry["config"])
         assert target.fits(seen[(kernel, cfg)]), f"{key}: {cfg.label} needs {seen[(kernel, cfg)]} B on sm_120"
         assert entry["measured"] is False, "no SM120 GPU measured these"

@@ -16,6 +16,7 @@ from sglang_glm5.hardware import TARGETS
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.w4a4_verify import activation_error_bound, calibrated_input_scales, reference_intermediates
 
 NVFP4_MMA = "kind::mxf4nvf4.block_scale.scale_vec::4X"  # e2m1 x e2m1, one ue4m3 scale per 16
 
@@ -57,26 +58,11 @@ def _problem(case: Case, gen: torch.Generator):
         args[1] = torch.cat([args[1][:, i:], args[1][:, :i]], dim=1).contiguous()
     # Calibrated input scales, ModelOpt's way: amax / (448 * 6), from this batch (the checkpoint's come
     # from calibration data; the intermediate's amax from the float64 reference's h).
-    a1 = torch.full((case.num_experts, 2), float(x.float().abs().max()) / 2688.0)
-    h = _reference_intermediates(x, args, ids, case)
-    a2 = torch.tensor([float(v.abs().max()) / 2688.0 if v.numel() else 1.0 for v in h])
+    h = reference_intermediates(x, *args[:3], ids, case.w13_order)  # float64, per expert
+    a1, a2 = calibrated_input_scales(x, h)
     if not case.per_expert_w2_scale:
         a2 = a2.max()
     return x, args, weights, ids, a1, a2, h
-
-
-def _reference_intermediates(x, args, ids, case: Case) -> list[torch.Tensor]:
-    """silu(x Wg^T) * (x Wu^T) in float64 per expert, over the tokens routed to it."""
-    w13, s13, g13 = args[:3]
-    out = []
-    for e in range(case.num_experts):
-        token = torch.nonzero(ids == e, as_tuple=True)[0]
-        w = nvfp4.dequantize(w13[e], s13[e], 1.0, torch.float64)
-        first, second = w[: case.inter], w[case.inter :]
-        wg, wu = (first, second) if case.w13_order == "gate_up" else (second, first)
-        xe = x[token].double()
-        out.append(torch.nn.functional.silu(xe @ wg.T * g13[e, 0].double()) * (xe @ wu.T * g13[e, 1].double()))
-    return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c.num_tokens}-E{c.num_experts}-H{c.hidden}-I{c.inter}")
@@ -88,18 +74,10 @@ def test_emulation_within_the_nvfp4_activation_bound(case, gen):
     if not (ids >= 0).any():
         assert not got.any()
         return
-    # Bound. The weights are the same NVFP4 values on both sides, so the difference comes from quantizing
-    # x (relative error eps_x, measured here on this x) and h (eps_h, measured on the reference's h).
-    # Quantization errors are nearly uncorrelated with the weights, so a GEMM keeps the relative RMS
-    # error of its input; gate and up each carry eps_x and h = silu(gate) * up combines them
-    # (|d silu(g)/dg| * |g| / |silu(g)| <= ~1.1), giving ~sqrt(2.4) eps_x in h, then the requantization
-    # adds eps_h: expected RMS error sqrt(2.4 eps_x^2 + eps_h^2). Factor 1.5 for the finite sample
-    # (a few hundred outputs per expert) and the bf16 rounding of y and out (2^-9, far below).
-    eps_x = _rel(nvfp4.quantize(x.float(), a1.max()).dequantize() - x.float(), x.float())[0]
-    hh = torch.cat(h)
-    hq = torch.cat([w4a4.quantize_dequantize(v.float(), a2 if a2.dim() == 0 else a2[e]) for e, v in enumerate(h)])
-    eps_h = _rel(hq.double() - hh, hh)[0]
-    bound = 1.5 * (2.4 * eps_x**2 + eps_h**2) ** 0.5
+    # The bound NVFP4 activations imply (derivation: w4a4_verify.activation_error_bound, which the
+    # self-check on an SM12x GPU uses too), from eps_x measured on this x and eps_h on the reference's h.
+    eb = activation_error_bound(x, a1, h, a2)
+    eps_x, eps_h, bound = eb.eps_x, eb.eps_h, eb.bound
     rms, worst = _rel(got.double() - ref, ref)
     print(f"eps_x {eps_x:.4f} eps_h {eps_h:.4f} bound {bound:.4f} | rms {rms:.4f} max/max {worst:.4f}")
     assert 0.03 < eps_x < 0.2, "NVFP4 of Gaussian data should lose ~10% RMS: the measurement itself is off"
@@ -158,3 +136,25 @@ def test_sm90_compile_is_a_bf16_upcast():
     (res,) = w4a4.aot_compile([("gemm2", w4a4.SHIPPED_CONFIGS[0], 90)])
     assert isinstance(res, w4a4.AotResult), res
     assert not any("mxf4" in m for m in res.mma) and any("bf16" in m for m in res.mma), res.mma
+
+
+# Sampled: one AOT compile each (~1 s). The 4-stage 128x128x256 tile overflows sm_120 in gemm1 (149504 B).
+MODEL_SAMPLE = [
+    ("gemm1", GemmConfig(32, 64, 128, 4, 2)),
+    ("gemm2", GemmConfig(64, 64, 128, 4, 3)),
+    ("gemm1", GemmConfig(128, 64, 256, 4, 2)),
+    ("gemm1", GemmConfig(64, 128, 128, 4, 4)),
+    ("gemm2", GemmConfig(128, 128, 256, 8, 4)),
+    ("gemm1", GemmConfig(128, 128, 256, 8, 4)),
+]
+
+
+def test_shared_memory_model_bounds_the_sm120_compile():
+    """The tuner prunes by the model before compiling: it must never call a config smaller than it compiles."""
+    compiled = w4a4.compiled_shared_bytes_many(MODEL_SAMPLE, 120)
+    for (kernel, cfg), shared in zip(MODEL_SAMPLE, compiled, strict=True):
+        model = w4a4.model_shared_bytes(kernel, cfg)
+        print(f"{kernel} {cfg.label}: model {model} B, compiled {shared} B")
+        assert isinstance(shared, int), f"{kernel} {cfg.label}: {shared}"
+        assert shared <= model <= 1.25 * shared, f"{kernel} {cfg.label}: model {model} B vs compiled {shared} B"
+    assert not TARGETS["rtx-pro-6000"].fits(compiled[-1]), "the sample should hold one tile that overflows sm_120"

@@ -1,0 +1,82 @@
+"""Triton kernels of the dense prefill path (``sglang_glm5.prefill``).
+
+    dequant:    out[r, k] = e2m1(packed[r, k // 2]) * e4m3(scale[r, k // 16])      (no global scale)
+    activation: h[row] = silu(gate * gs_gate) * up * gs_up * topk_weight * gs2      (per sorted row)
+
+The product of an e2m1 value (2 significant bits) and an e4m3 scale (4 bits) has at most 6
+significant bits and lies in [2^-10, 2688]: it is exact in bf16. The per-expert global scale is
+applied to the GEMM outputs instead, so dequantization adds no rounding.
+"""
+
+import triton
+import triton.language as tl
+
+from sglang_glm5.kernels.nvfp4_moe import _e2m1_nibbles_to_f16
+
+
+@triton.jit
+def nvfp4_dequant_kernel(
+    w_ptr,  # [R, K/2] uint8, packed e2m1 (R = experts * rows, contiguous)
+    ws_ptr,  # [R, K/16] uint8, e4m3 block scales (linear layout)
+    out_ptr,  # [R, K] bf16
+    num_rows,
+    K,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    bytes_ = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    groups = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    r_ok = rows < num_rows
+    rows = rows.to(tl.int64)
+    packed = tl.load(
+        w_ptr + rows[:, None] * (K // 2) + bytes_[None, :], mask=r_ok[:, None] & (bytes_ < K // 2)[None, :]
+    )
+    sbyte = tl.load(
+        ws_ptr + rows[:, None] * (K // 16) + groups[None, :], mask=r_ok[:, None] & (groups < K // 16)[None, :]
+    )
+    # e4m3 bits placed into an fp16 give scale * 2^-8; nibble bits give e2m1 * 2^-14: undo both in fp32.
+    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
+    scale = sbits.to(tl.float16, bitcast=True).to(tl.float32) * (256.0 * 16384.0)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, BLOCK_K // 16, 8)), (BLOCK_R, BLOCK_K // 2))
+    q = packed.to(tl.int16)
+    lo = _e2m1_nibbles_to_f16(q & 0xF).to(tl.float32) * scale
+    hi = _e2m1_nibbles_to_f16(q >> 4).to(tl.float32) * scale
+    w = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.bfloat16)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None] * K + offs_k[None, :], w, mask=r_ok[:, None] & (offs_k < K)[None, :])
+
+
+@triton.jit
+def dense_activation_kernel(
+    gu_ptr,  # [R, 2I] bf16, x_sorted @ (e2m1 * scale)^T of w13, rows sorted by expert
+    row_expert_ptr,  # [R] int32 expert of each row, -1 = padding
+    sorted_ids_ptr,  # [R] int32 pair id of each row
+    wgs13_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
+    wgs2_ptr,  # [E] fp32
+    topk_weights_ptr,  # [P] fp32
+    h_ptr,  # [R, I] bf16 out
+    inter_size,
+    stride_gur,
+    stride_gse,
+    stride_gsg,  # 0 when one global scale serves gate and up
+    stride_hr,
+    gate_col0,  # first column of the gate half of gu: 0 or I
+    up_col0,
+    BLOCK_I: tl.constexpr,
+):
+    """One row per program (axis 0), BLOCK_I columns per program (axis 1); padding rows are written as zeros."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    ok = cols < inter_size
+    expert = tl.load(row_expert_ptr + row)
+    valid = expert >= 0
+    e = tl.where(valid, expert, 0).to(tl.int64)
+    pair = tl.where(valid, tl.load(sorted_ids_ptr + row), 0).to(tl.int64)
+    gs_gate = tl.load(wgs13_ptr + e * stride_gse)
+    gs_up = tl.load(wgs13_ptr + e * stride_gse + stride_gsg)
+    route = tl.where(valid, tl.load(topk_weights_ptr + pair) * tl.load(wgs2_ptr + e), 0.0)
+    gate = tl.load(gu_ptr + row * stride_gur + gate_col0 + cols, mask=ok, other=0.0).to(tl.float32) * gs_gate
+    up = tl.load(gu_ptr + row * stride_gur + up_col0 + cols, mask=ok, other=0.0).to(tl.float32) * gs_up
+    h = gate / (1.0 + tl.exp(-gate)) * up * route
+    tl.store(h_ptr + row * stride_hr + cols, h.to(tl.bfloat16), mask=ok)

@@ -1,0 +1,476 @@
+"""Wiring of the W4A4 path: resolve_path, the self-check record that gates "auto", the threshold,
+`tune --path w4a4` offline, and the SGLang switch SGLANG_GLM5_MOE_PATH.
+
+No SM12x GPU here: the device is faked where a rule depends on it (torch.cuda's capability, name and
+hardware.detect), and the self-check runs on the CPU with the W4A4 kernels through the interpreter
+(dot_scaled swapped for a decoded dot) or with a deliberately broken op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from sglang_glm5 import autotune, hardware, w4a4, w4a4_select, w4a4_tune, w4a4_verify
+from sglang_glm5.cli import main
+from sglang_glm5.hardware import TARGETS
+from sglang_glm5.shapes import MoeShape
+from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.w4a4_select import GpuIdentity, resolve_path, write_record
+from sglang_glm5.w4a4_verify import run_selfcheck
+
+SM120 = TARGETS["rtx-pro-6000"]
+PRO6000 = GpuIdentity(SM120.device_name, 120)
+SHAPE = MoeShape(num_experts=8, hidden=256, inter=128, top_k=4)
+CUDA = torch.device("cuda", 0)
+SCALES = {"w13_input_scale": torch.ones(8, 2), "w2_input_scale": torch.ones(8)}
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    for env in (w4a4_select.MIN_TOKENS_ENV, "SGLANG_GLM5_MOE_PATH"):
+        monkeypatch.delenv(env, raising=False)
+    w4a4_select.clear_memo()
+    autotune._reported.clear()
+    yield tmp_path
+    w4a4_select.clear_memo()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """fake_gpu(target): torch.cuda and hardware.detect report that GPU as cuda:0."""
+
+    def install(target: hardware.GpuTarget = SM120) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: divmod(target.arch, 10))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: target.device_name)
+        monkeypatch.setattr(hardware, "detect", lambda *a: target)
+
+    return install
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve_path
+
+
+def test_invalid_path_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"'auto', 'w4a16', 'w4a4', got 'w4a8'"):
+        resolve_path("w4a8", torch.device("cpu"), 100, SHAPE)
+
+
+@pytest.mark.parametrize("device", ["cpu", "sm90", "sm120"])
+def test_w4a16_is_always_allowed(device, fake_gpu):
+    if device != "cpu":
+        fake_gpu(SM120 if device == "sm120" else TARGETS["h200"])
+    dev = torch.device("cpu") if device == "cpu" else CUDA
+    assert resolve_path("w4a16", dev, 1e6, SHAPE) == "w4a16"  # even without input scales
+
+
+def test_w4a4_refused_off_sm12x(fake_gpu):
+    with pytest.raises(RuntimeError, match="SM12x.*got cpu"):
+        resolve_path("w4a4", torch.device("cpu"), 1e6, SHAPE, **SCALES)
+    fake_gpu(TARGETS["h200"])
+    with pytest.raises(RuntimeError, match="SM12x.*got sm_90"):
+        resolve_path("w4a4", CUDA, 1e6, SHAPE, **SCALES)
+
+
+def test_w4a4_needs_the_input_scales(fake_gpu):
+    fake_gpu()
+    with pytest.raises(RuntimeError, match="got None for w2_input_scale"):
+        resolve_path("w4a4", CUDA, 1e6, SHAPE, w13_input_scale=torch.ones(8, 2))
+    # Forced, it needs no self-check record (that gates "auto" only) and no threshold.
+    assert resolve_path("w4a4", CUDA, 1, SHAPE, **SCALES) == "w4a4"
+
+
+def test_auto_flips_to_w4a4_only_after_a_passing_record(fake_gpu):
+    fake_gpu()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # SM120, prefill size, but unproven
+    write_record(PRO6000, True, {})
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, SHAPE, **SCALES) == "w4a16"  # decode size
+    assert resolve_path("auto", CUDA, 1e6, SHAPE) == "w4a16"  # no input scales: W4A16
+    write_record(PRO6000, False, {})  # a later failure takes the pass back
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    assert PRO6000.name not in json.dumps(json.loads(w4a4_select.record_path().read_text()))
+
+
+def test_auto_never_w4a4_off_sm12x_even_with_a_record(fake_gpu):
+    h200 = TARGETS["h200"]
+    fake_gpu(h200)
+    write_record(GpuIdentity(h200.device_name, 90), True, {})
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", torch.device("cpu"), 1e6, SHAPE, **SCALES) == "w4a16"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"name": "NVIDIA GeForce RTX 5090"},  # another GPU's record
+        {"triton": "0.0.1"},  # another Triton version
+        {"kernel_digest": "000000000000"},  # other kernel sources
+    ],
+)
+def test_a_record_counts_only_for_this_gpu_triton_and_kernels(fake_gpu, change):
+    fake_gpu()
+    gpu = GpuIdentity(change.get("name", PRO6000.name), 120)
+    write_record(gpu, True, {})
+    path = w4a4_select.record_path()
+    data = json.loads(path.read_text())
+    key = w4a4_select.record_key(gpu)
+    if "triton" in change:
+        data[w4a4_select.record_key(gpu, change["triton"])] = data.pop(key)
+    if "kernel_digest" in change:
+        data[key]["kernel_digest"] = change["kernel_digest"]
+    path.write_text(json.dumps(data))
+    w4a4_select.clear_memo()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+
+
+def test_device_facts_are_memoized_until_cleared(fake_gpu):
+    fake_gpu()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    # A record written behind resolve_path's back (not through write_record) is seen after clear_memo only.
+    from sglang_glm5._files import update_json
+
+    rec = {"passed": True, "kernel_digest": w4a4_select.kernel_digest()}
+    update_json(w4a4_select.record_path(), lambda d: d.update({w4a4_select.record_key(PRO6000): rec}))
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    w4a4_select.clear_memo()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+
+
+def test_a_broken_record_file_means_unproven_not_an_error(fake_gpu, caplog):
+    fake_gpu()
+    w4a4_select.record_path().write_text("{ not json")
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    assert "not valid JSON" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# The threshold: env over the tuner's cache over the default.
+
+
+def test_threshold_env_override(fake_gpu, monkeypatch):
+    fake_gpu()
+    write_record(PRO6000, True, {})
+    monkeypatch.setenv(w4a4_select.MIN_TOKENS_ENV, "8")
+    assert resolve_path("auto", CUDA, 8, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, 7.9, SHAPE, **SCALES) == "w4a16"
+
+
+@pytest.mark.parametrize("value", ["lots", "-4", "inf", "nan"])
+def test_threshold_env_rejects_non_numbers(fake_gpu, monkeypatch, value):
+    fake_gpu()
+    monkeypatch.setenv(w4a4_select.MIN_TOKENS_ENV, value)
+    with pytest.raises(ValueError, match=f"SGLANG_GLM5_W4A4_MIN_TOKENS: expected .* got '{value}'"):
+        resolve_path("auto", CUDA, 100, SHAPE, **SCALES)
+
+
+@pytest.mark.parametrize("stored", [256, 16])  # above and below the default
+def test_threshold_from_the_tuner_cache(fake_gpu, stored):
+    fake_gpu()
+    write_record(PRO6000, True, {})
+    autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, stored, measured=True)
+    assert resolve_path("auto", CUDA, stored - 1, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, stored, SHAPE, **SCALES) == "w4a4"
+    # Another layer shape has no stored threshold: the default.
+    other = (SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, other, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, other, **SCALES) == "w4a16"
+
+
+def test_tuner_found_w4a4_never_faster(fake_gpu):
+    fake_gpu()
+    write_record(PRO6000, True, {})
+    autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, None, measured=True)
+    assert resolve_path("auto", CUDA, 1e12, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("w4a4", CUDA, 1, SHAPE, **SCALES) == "w4a4"  # forcing still works
+
+
+def test_malformed_threshold_is_reported_and_the_default_used(fake_gpu, caplog):
+    fake_gpu()
+    write_record(PRO6000, True, {})
+    path = autotune.user_cache_path(SM120)
+    path.parent.mkdir(parents=True)
+    key = autotune.w4a4_threshold_key(SM120, SHAPE)
+    path.write_text(json.dumps({autotune.W4A4_THRESHOLD_KEY: {key: {"min_tokens_per_expert": "many"}}}))
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, SHAPE, **SCALES) == "w4a16"
+    assert "skipping W4A4 threshold" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "timings, want",
+    [
+        ({16: (1.0, 2.0), 64: (1.0, 0.9), 256: (2.0, 1.0)}, 64),  # W4A4 wins from 64 on
+        ({16: (1.0, 0.5), 64: (1.0, 2.0), 256: (2.0, 1.0)}, 256),  # a win below a loss does not count
+        ({16: (1.0, 0.5), 64: (1.0, 0.9), 256: (2.0, 2.5)}, None),  # loses at the largest: never
+        ({16: (1.0, 1.0)}, None),  # a tie is not a win
+        ({}, None),
+    ],
+)
+def test_threshold_from_timings(timings, want):
+    assert w4a4_tune.threshold_from_timings(timings) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# The self-check (its logic on the CPU; the CLI refuses without an SM12x GPU).
+
+
+def _interpreter_w4a4(*args):
+    """The W4A4 kernels through the Triton interpreter, dot_scaled swapped for a decoded fp32 dot."""
+    return w4a4._run(*args, w13_order="gate_up", config=None, emulate_dot=True)
+
+
+def _selfcheck(w4a4_op, gen, tokens=(16, 40)) -> w4a4_verify.SelfCheckResult:
+    lines = []
+    result = run_selfcheck(SHAPE, tokens, torch.device("cpu"), gen, PRO6000, w4a4_op=w4a4_op, say=lines.append)
+    print("\n".join(lines))
+    assert len(lines) == 1 + len(tokens)  # the header and one row per token count
+    return result
+
+
+def test_selfcheck_pass_writes_the_record_and_auto_flips(fake_gpu, gen):
+    fake_gpu()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    result = _selfcheck(_interpreter_w4a4, gen)
+    assert result.passed, [r.problems for r in result.rows]
+    for row in result.rows:
+        assert row.w4a4_rms <= row.bound and row.vs_emulation < w4a4_verify.EMULATION_RMS and row.w4a16_rel < 1e-2
+    rec = json.loads(result.record.read_text())[w4a4_select.record_key(PRO6000)]
+    assert rec["passed"] is True and rec["shape"] == str(SHAPE) and len(rec["rows"]) == 2
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+
+
+@pytest.mark.parametrize(
+    "broken, problem",
+    [
+        (lambda *a: _interpreter_w4a4(*a) * 1.25, "rms"),  # a scale off by 25%: beyond the bound
+        (lambda *a: w4a4.nvfp4_fused_moe_w4a4_emulated(*a) * 1.03, "vs emulation"),  # within the bound, not the math
+        (lambda *a: torch.full_like(a[0], float("nan")), "non-finite"),
+    ],
+    ids=["scaled", "slightly-off", "nan"],
+)
+def test_selfcheck_failure_writes_no_record_and_takes_back_a_pass(fake_gpu, gen, broken, problem):
+    fake_gpu()
+    write_record(PRO6000, True, {})  # an earlier pass on this GPU
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+    result = _selfcheck(broken, gen, tokens=(24,))
+    assert not result.passed
+    assert any(problem in p for p in result.rows[0].problems), result.rows[0].problems
+    assert w4a4_select.record_key(PRO6000) not in json.loads(result.record.read_text())
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+
+
+def test_error_bound_ignores_experts_without_tokens(gen):
+    """At decode sizes most experts get no token (an empty h): the bound is that of the routed ones."""
+    x = torch.randn(3, 64, generator=gen)
+    h = [torch.randn(5, 32, generator=gen, dtype=torch.float64), torch.zeros(0, 32, dtype=torch.float64)]
+    a1, a2 = w4a4_verify.calibrated_input_scales(x, h)
+    assert a2[1] == 1.0  # no amax to calibrate from
+    with_empty = w4a4_verify.activation_error_bound(x, a1, h, a2)
+    without = w4a4_verify.activation_error_bound(x, a1, h[:1], a2[:1])
+    assert with_empty == without and 0 < with_empty.eps_h < 0.3
+
+
+def test_selfcheck_cli_exits_2_off_sm12x(capsys):
+    assert not torch.cuda.is_available(), "this test is for a machine without an SM12x GPU"
+    assert main(["selfcheck", "--path", "w4a4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs an SM12x GPU" in err, err
+    assert not w4a4_select.record_path().exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# tune --path w4a4
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(capsys):
+    shipped = autotune.shipped_cache_path(SM120)
+    before = _digest(shipped)
+    argv = ["tune", "--path", "w4a4", "--target", "rtx-pro-6000", "--shape", "8,256,128", "--batch-sizes", "64,512"]
+    assert main(argv) == 0
+    assert _digest(shipped) == before, "the shipped cache must not change"
+    data = json.loads(autotune.user_cache_path(SM120).read_text())
+    shape = MoeShape(8, 256, 128)
+    keys = {autotune.w4a4_cache_key(SM120, k, shape, b): (k, b) for k in ("gemm1", "gemm2") for b in (64, 512)}
+    assert set(data["entries"]) == set(keys)  # only W4A4 keys: the W4A16 entries are another command's
+    for key, entry in data["entries"].items():
+        kernel, bucket = keys[key]
+        cfg = GemmConfig(**entry["config"])
+        assert entry["measured"] is False and entry["ms"] is None
+        assert cfg == getattr(w4a4.heuristic_config(bucket), kernel)  # the heuristic fits sm_120
+        (compiled,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], 120)
+        assert entry["shared_bytes"] == compiled and SM120.fits(compiled)
+    threshold = data[autotune.W4A4_THRESHOLD_KEY][autotune.w4a4_threshold_key(SM120, shape)]
+    assert threshold["min_tokens_per_expert"] == w4a4.MIN_TOKENS_PER_EXPERT and threshold["measured"] is False
+    assert "not measured" in capsys.readouterr().out
+    # The op's config lookup reads these entries back.
+    cache = autotune.ConfigCache(SM120)
+    got = autotune.lookup_w4a4(cache, shape, 300, w4a4.heuristic_config(1))
+    assert got == w4a4.heuristic_config(300)
+
+
+def test_w4a4_keys_survive_a_new_w4a16_kernel_revision(monkeypatch):
+    before = autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64)
+    w4a16_before = autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64)
+    monkeypatch.setattr(autotune, "KERNEL_REVISION", 99)
+    assert autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64) != w4a16_before  # W4A16 tiles retire
+    assert autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64) == before  # W4A4 tiles stay
+    monkeypatch.setattr(w4a4, "KERNEL_REVISION", w4a4.KERNEL_REVISION + 1)
+    assert autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64) != before  # their own revision retires them
+
+
+@pytest.mark.parametrize("target", ["local", "h200"])
+def test_tune_w4a4_refuses_non_sm12x_in_one_line(target, capsys):
+    assert main(["tune", "--path", "w4a4", "--target", target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs an SM12x GPU" in err, err
+
+
+def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
+    space = [
+        GemmConfig(64, 64, 128, 4, 3),
+        GemmConfig(128, 128, 128, 8, 3),
+        GemmConfig(128, 128, 256, 8, 4),  # 149504 B in gemm1 on sm_120: over 101376
+    ]
+    monkeypatch.setattr(w4a4_tune, "search_space", lambda bucket: space)
+    benched = []
+
+    def fake_bench(kernel, cfg, bucket):
+        (shared,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], 120)
+        assert SM120.fits(shared), f"benchmarked {kernel} {cfg.label}: {shared} B"
+        benched.append((kernel, cfg))
+        return 1.0 / cfg.block_m  # the tallest feasible tile wins
+
+    entries, report = w4a4_tune.tune(SM120, SHAPE, [256], fake_bench)
+    assert report.candidates == 6 and report.pruned_by_model >= 1 and report.benchmarked == len(benched)
+    assert ("gemm1", space[2]) not in benched
+    assert entries[autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 256)].config == space[1]
+    assert entries[autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 256)].ms == pytest.approx(1 / 128)
+    with pytest.raises(ValueError, match="SM12x targets.*h200"):
+        w4a4_tune.tune(TARGETS["h200"], SHAPE, [256], fake_bench)
+
+
+def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
+    """Never run on SM120: a candidate whose compile or launch fails there must not end the tune."""
+    space = [GemmConfig(64, 64, 128, 4, 3), GemmConfig(128, 64, 128, 4, 3)]
+    monkeypatch.setattr(w4a4_tune, "search_space", lambda bucket: space)
+
+    def flaky_bench(kernel, cfg, bucket):
+        if cfg.block_m == 128:
+            raise RuntimeError("PassManager::run failed")
+        return 1.0
+
+    entries, report = w4a4_tune.tune(SM120, SHAPE, [256], flaky_bench)
+    assert report.benchmarked == 2 and report.pruned_by_compiler == 2
+    assert all(e.config == space[0] for e in entries.values())
+
+    def broken_bench(kernel, cfg, bucket):
+        raise RuntimeError("PassManager::run failed")
+
+    with pytest.raises(RuntimeError, match="no W4A4 config of gemm1 ran on this GPU.*PassManager"):
+        w4a4_tune.tune(SM120, SHAPE, [256], broken_bench)
+
+
+def test_tune_help_says_what_path_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--path {w4a16,w4a4}" in out and "threshold" in out and "measured: false" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# The SGLang switch: SGLANG_GLM5_MOE_PATH, checked at weight-processing time.
+
+
+class _Method:
+    _moe_runner_backend = "nvfp4_triton"  # what create_moe_runner caches for our backend
+    load_up_proj_weight_first = False
+
+
+class _Layer:
+    """What process_weights_hook and apply_hook read: 8 experts, this rank (2 of 4) holding 4-5."""
+
+    def __init__(self):
+        self.num_experts, self.num_local_experts, self.moe_ep_rank = 8, 2, 2
+        self.w13_input_scale = torch.nn.Parameter(torch.arange(16.0).reshape(8, 2) + 1, requires_grad=False)
+        self.w2_input_scale = torch.nn.Parameter(torch.arange(8.0) + 1, requires_grad=False)
+        self.w13_weight = torch.zeros(2, 64, 16, dtype=torch.uint8)
+        self.w13_weight_scale = torch.zeros(2, 64, 2)
+        self.w2_weight_scale = torch.zeros(2, 32, 2)
+        self.w13_blockscale_swizzled = self.w2_blockscale_swizzled = None
+
+
+def _process(monkeypatch, value: str | None):
+    from sglang_glm5.patches import nvfp4_moe
+
+    if value is not None:
+        monkeypatch.setenv(nvfp4_moe.MOE_PATH_ENV, value)
+    calls = []
+    layer = _Layer()
+    nvfp4_moe.process_weights_hook(lambda method, lay: calls.append(lay), _Method(), layer)
+    return layer, calls
+
+
+@pytest.mark.parametrize("value, want", [(None, "auto"), ("w4a16", "w4a16"), (" AUTO ", "auto")])
+def test_switch_is_read_at_weight_processing(monkeypatch, value, want):
+    from sglang_glm5.patches import nvfp4_moe
+
+    layer, calls = _process(monkeypatch, value)
+    assert calls == [layer] and getattr(layer, nvfp4_moe.MOE_PATH_ATTR) == want
+
+
+@pytest.mark.parametrize(
+    "env, value, error, match",
+    [
+        ("SGLANG_GLM5_MOE_PATH", "w4a8", ValueError, r"SGLANG_GLM5_MOE_PATH: expected one of auto, w4a16, w4a4"),
+        ("SGLANG_GLM5_MOE_PATH", "w4a4", RuntimeError, r"SM12x.*got cpu"),  # forced W4A4 on a CPU layer
+        ("SGLANG_GLM5_W4A4_MIN_TOKENS", "soon", ValueError, r"SGLANG_GLM5_W4A4_MIN_TOKENS"),
+    ],
+)
+def test_bad_switch_stops_weight_processing_before_any_change(monkeypatch, env, value, error, match):
+    from sglang_glm5.patches import nvfp4_moe
+
+    monkeypatch.setenv(env, value)
+    calls = []
+    layer = _Layer()
+    with pytest.raises(error, match=match):
+        nvfp4_moe.process_weights_hook(lambda method, lay: calls.append(lay), _Method(), layer)
+    assert calls == [] and not hasattr(layer, nvfp4_moe.MOE_PATH_ATTR)
+
+
+def test_apply_passes_path_and_this_ranks_input_scales(monkeypatch):
+    pytest.importorskip("sglang.srt.layers.moe.token_dispatcher.standard", reason="SGLang's modules are not installed")
+    from types import SimpleNamespace
+
+    from sglang_glm5 import moe
+    from sglang_glm5.patches import nvfp4_moe
+
+    layer, _ = _process(monkeypatch, "w4a16")
+    for name in ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale",
+                 "w2_weight_scale_2"):  # fmt: skip
+        setattr(layer, name, torch.zeros(1))
+    seen = {}
+
+    def fake_op(*args, **kwargs):
+        seen.update(kwargs)
+        return torch.zeros(3, 4)
+
+    monkeypatch.setattr(moe, "nvfp4_fused_moe", fake_op)
+    topk = SimpleNamespace(topk_weights=torch.ones(3, 2), topk_ids=torch.zeros(3, 2, dtype=torch.int32))
+    nvfp4_moe.apply_hook(None, _Method(), layer, SimpleNamespace(hidden_states=torch.zeros(3, 4), topk_output=topk))
+    assert seen["path"] == "w4a16" and seen["w13_order"] == "gate_up"
+    # Experts 4 and 5 of the global [8, 2] / [8] input scales: this rank's slices, not the global parameters.
+    assert torch.equal(seen["w13_input_scale"], torch.tensor([[9.0, 10.0], [11.0, 12.0]]))
+    assert torch.equal(seen["w2_input_scale"], torch.tensor([5.0, 6.0]))
