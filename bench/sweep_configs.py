@@ -45,7 +45,7 @@ def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     num_pairs = ids.numel()
     route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
     xp = moe.prepare_activations(x)
-    h = torch.empty(num_pairs, inter, dtype=torch.float16, device=x.device)
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, shape.hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     stages = {

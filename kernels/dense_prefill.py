@@ -65,17 +65,19 @@ def dense_activation_kernel(
     up_col0,
     BLOCK_I: tl.constexpr,
 ):
-    """One row per program (axis 0), BLOCK_I columns per program (axis 1); padding rows are written as zeros."""
+    """One row per program (axis 0), BLOCK_I columns per program (axis 1). Padding rows (past the
+    grouped GEMM's last group) are skipped: nothing reads them."""
     row = tl.program_id(0).to(tl.int64)
+    expert = tl.load(row_expert_ptr + row)
+    if expert < 0:
+        return
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = cols < inter_size
-    expert = tl.load(row_expert_ptr + row)
-    valid = expert >= 0
-    e = tl.where(valid, expert, 0).to(tl.int64)
-    pair = tl.where(valid, tl.load(sorted_ids_ptr + row), 0).to(tl.int64)
+    e = expert.to(tl.int64)
+    pair = tl.load(sorted_ids_ptr + row).to(tl.int64)
     gs_gate = tl.load(wgs13_ptr + e * stride_gse)
     gs_up = tl.load(wgs13_ptr + e * stride_gse + stride_gsg)
-    route = tl.where(valid, tl.load(topk_weights_ptr + pair) * tl.load(wgs2_ptr + e), 0.0)
+    route = tl.load(topk_weights_ptr + pair) * tl.load(wgs2_ptr + e)
     gate = tl.load(gu_ptr + row * stride_gur + gate_col0 + cols, mask=ok, other=0.0).to(tl.float32) * gs_gate
     up = tl.load(gu_ptr + row * stride_gur + up_col0 + cols, mask=ok, other=0.0).to(tl.float32) * gs_up
     h = gate / (1.0 + tl.exp(-gate)) * up * route

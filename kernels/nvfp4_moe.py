@@ -3,10 +3,13 @@
 Data flow (P = T * top_k (token, slot) pairs, sorted by expert on the host side into blocks of
 BLOCK_M pairs that share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
 
-    prepare: xp[t, :]  = fp16(x[t] * 2^-8), K order permuted (below)                  -> [T, H]
-    gemm1:   hp[p, :]  = silu(Wg[e] @ x[p // k]) * (Wu[e] @ x[p // k]), as xp          -> [P, I]
-    gemm2:   y[p, :]   = topk_weight[p] * (W2[e] @ h[p])                               -> [P, H]
-    reduce:  out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]    -> [T, H]
+    prepare: xp[t, :]  = x[t], K order permuted (below)                                  -> [T, H]
+    gemm1:   hp[p, :]  = silu(Wg[e] @ x[p // k]) * (Wu[e] @ x[p // k]), as xp            -> [P, I]
+    gemm2:   y[p, :]   = topk_weight[p] * (W2[e] @ h[p])                                 -> [P, H]
+    reduce:  out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]      -> [T, H]
+
+Activations, h and the decoded weights share one 16-bit type, that of the hidden states (bf16 or
+fp16): the tensor cores multiply it and accumulate in fp32.
 
 The GEMMs compute C^T = W @ X^T: the decoded weight tile [BLOCK_N, BLOCK_K] is the left operand,
 in the K-contiguous layout the tensor cores want for it, and the pairs are the narrow right operand
@@ -21,15 +24,15 @@ contiguous, activations are stored with each group of 32 K columns permuted to
 [0, 4, ..., 28, 1, 5, ..., 29, 2, ..., 30, 3, ..., 31]: columns 4c + q of a group are 8 adjacent
 values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way).
 
-Decode (``_decode_nvfp4``): a nibble's bits placed into an fp16 (exponent bits 2-1 -> 11-10,
-mantissa bit 0 -> 9, sign -> 15) are exactly e2m1 * 2^-14, subnormals included; times the block
-scale as fp16 * 2^7 that gives e2m1 * scale * 2^-7, exact in fp16 (at most 6 significant bits,
->= 2^-17). On the GPU this is inline PTX on 32-bit registers holding two words: per nibble
-position, two shifts, an and and a lop3 place both lanes of an f16x2, and one f16x2 multiply
-applies the scales. Every output depends only on the word at its own position, so the result is
-right in whatever register layout the compiler gives the tile. Activations enter the dot as
-fp16 * 2^-8, which keeps bf16 values up to 2^24 finite; the tensor cores accumulate in fp32 and
-the epilogue multiplies by global_scale * 2^15 (``DECODE_UNSCALE``).
+Decode (``_decode_nvfp4``): a nibble's three magnitude bits placed at the bottom of the 16-bit
+type's exponent and the top of its mantissa, and its sign at bit 15, are exactly e2m1 * 2^-14
+(fp16) or e2m1 * 2^-126 (bf16), subnormals included. Times the block scale, converted once per
+group of 16 to scale * 2^7 (fp16) or scale * 2^119 (bf16), that gives e2m1 * scale * 2^-7 in both
+types, exact (at most 6 significant bits, >= 2^-17). On the GPU this is inline PTX on 32-bit
+registers holding two words: per nibble position two shifts, an and and a lop3 place both lanes,
+and one packed multiply applies the scales. Every output depends only on the word at its own
+position, so the result is right in whatever register layout the compiler gives the tile. The
+epilogue multiplies by global_scale * 2^7 (``DECODE_UNSCALE``).
 
 ``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
@@ -40,32 +43,35 @@ fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand
 import triton
 import triton.language as tl
 
-# Weights decoded as value * 2^-7 and activations scaled by 2^-8: the epilogue multiplies by 2^15.
-DECODE_UNSCALE = 2.0**15
-ACT_SCALE = 2.0**-8
+# Weights are decoded as value * 2^-7: the epilogue multiplies by 2^7.
+DECODE_UNSCALE = 2.0**7
 
 # Inputs: $4 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
-# holding 4 nibbles = K elements 4c .. 4c + 3; $5 = their two block scales (fp16 * 2^7) as f16x2.
-# Output q (0..3) = f16x2 (nibble q of element c, nibble q of element c + 1): the two lanes are 16
-# bits apart in the input as in the output, so one shift places both. Per lane: magnitude bits
-# 4q .. 4q+2 -> 9-11 and sign bit 4q+3 -> 15 give e2m1 * 2^-14 as fp16 bits; then times the scale.
+# holding 4 nibbles = K elements 4c .. 4c + 3; $5 = their two block scales as a packed pair.
+# Output q (0..3) = the pair (nibble q of element c, nibble q of element c + 1): the two lanes are
+# 16 bits apart in the input as in the output, so one shift places both.
 
 
-def _decode_ptx() -> str:
-    lines = ["{", ".reg .b32 m, s;"]
+def _decode_ptx(bf16: bool) -> str:
+    # fp16: magnitude -> bits 9-11 (exponent 11-10, mantissa 9); bf16: -> bits 6-8 (exponent 8-7, mantissa 6).
+    top = 6 if bf16 else 9
+    mask = "0x01C001C0" if bf16 else "0x0E000E00"
+    lines = ["{", ".reg .b32 m, s, z;", "mov.b32 z, 0x80008000;"]  # z = (-0, -0): x * y + z = x * y
     for q in range(4):  # nibble q sits at bits 4q .. 4q + 3 of each 16-bit lane
-        shift = 9 - 4 * q  # magnitude bits 4q .. 4q + 2 -> 9 .. 11
+        shift = top - 4 * q  # magnitude bits 4q .. 4q + 2
         lines.append(f"shl.b32 m, $4, {shift};" if shift > 0 else f"shr.b32 m, $4, {-shift};")
-        lines.append("and.b32 m, m, 0x0E000E00;")
+        lines.append(f"and.b32 m, m, {mask};")
         sign = 12 - 4 * q  # sign bit 4q + 3 -> 15
         if sign:
             lines.append(f"shl.b32 s, $4, {sign};")
         lines.append(f"lop3.b32 m, m, {'s' if sign else '$4'}, 0x80008000, 0xF8;")  # m | (s & 0x80008000)
-        lines.append(f"mul.rn.f16x2 ${q}, m, $5;")
+        # fma rather than mul: mul.bf16x2 needs sm_90, fma.rn.bf16x2 sm_80.
+        lines.append(f"fma.rn.{'bf16x2' if bf16 else 'f16x2'} ${q}, m, $5, z;")
     return "\n".join(lines + ["}"])
 
 
-_DECODE_PTX = tl.constexpr(_decode_ptx())
+_DECODE_PTX_F16 = tl.constexpr(_decode_ptx(bf16=False))
+_DECODE_PTX_BF16 = tl.constexpr(_decode_ptx(bf16=True))
 
 
 @triton.jit
@@ -90,26 +96,35 @@ def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 per element (K elements 4c .. 4c + 3)
     sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8, e4m3 block scales
+    DTYPE: tl.constexpr,  # tl.bfloat16 or tl.float16: the activations' type
     INTERPRETER: tl.constexpr,
 ):
     """-> four [BLOCK_N, BLOCK_K // 4] tiles, tile q holding K elements 4c + q: e2m1 * scale * 2^-7
-    (fp16 on the GPU, fp32 in the interpreter)."""
+    (DTYPE on the GPU, fp32 in the interpreter)."""
     BLOCK_N: tl.constexpr = packed.shape[0]
     QUARTER: tl.constexpr = packed.shape[1]
-    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included; times 2^15 (exact
-    # in fp16) gives scale * 2^7 <= 57344. The sign bit is dropped: block scales are >= 0.
-    sbits = (sbyte.to(tl.int16) << 7) & 0x3F80
-    scale = sbits.to(tl.float16, bitcast=True) * 32768.0
+    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included. The sign bit is
+    # dropped: block scales are >= 0.
+    scale = ((sbyte.to(tl.int16) << 7) & 0x3F80).to(tl.float16, bitcast=True)
+    if INTERPRETER or DTYPE == tl.float16:
+        scale = scale * 32768.0  # scale * 2^7 <= 57344: exact in fp16
+    else:
+        scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
-    if INTERPRETER:
+    if INTERPRETER:  # the same values through fp16 arithmetic
         q0 = (_e2m1_nibbles_to_f16(packed & 0xF) * scale).to(tl.float32)
         q1 = (_e2m1_nibbles_to_f16((packed >> 4) & 0xF) * scale).to(tl.float32)
         q2 = (_e2m1_nibbles_to_f16((packed >> 8) & 0xF) * scale).to(tl.float32)
         q3 = (_e2m1_nibbles_to_f16((packed >> 12) & 0xF) * scale).to(tl.float32)
         return q0, q1, q2, q3
+    elif DTYPE == tl.float16:
+        q0, q1, q2, q3 = tl.inline_asm_elementwise(
+            _DECODE_PTX_F16, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.float16,) * 4, is_pure=True, pack=2
+        )
+        return q0, q1, q2, q3
     else:
         q0, q1, q2, q3 = tl.inline_asm_elementwise(
-            _DECODE_PTX, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.float16,) * 4, is_pure=True, pack=2
+            _DECODE_PTX_BF16, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2
         )
         return q0, q1, q2, q3
 
@@ -147,6 +162,7 @@ def _weight_tile(
     K,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    DTYPE: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """Load and decode K step k0 of BLOCK_N weight rows -> four [BLOCK_N, BLOCK_K // 4] tiles (_decode_nvfp4)."""
@@ -159,7 +175,7 @@ def _weight_tile(
     else:
         packed = tl.load(w_rows_ptr[:, None] + elems[None, :], mask=(elems < K // 4)[None, :], other=0)
         sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :], mask=(groups < K // 16)[None, :], other=0)
-    return _decode_nvfp4(packed, sbyte, INTERPRETER)
+    return _decode_nvfp4(packed, sbyte, DTYPE, INTERPRETER)
 
 
 @triton.jit
@@ -178,7 +194,8 @@ def _nvfp4_dot(
     INTERPRETER: tl.constexpr,
 ):
     """acc + (decoded weights of K step k0) @ (activations of K step k0): four quarter-width dots."""
-    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, INTERPRETER)
+    DTYPE: tl.constexpr = x0.dtype
+    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, DTYPE, INTERPRETER)
     acc = tl.dot(w0, x0, acc)
     acc = tl.dot(w1, x1, acc)
     acc = tl.dot(w2, x2, acc)
@@ -188,7 +205,7 @@ def _nvfp4_dot(
 @triton.jit
 def prepare_activations_kernel(
     x_ptr,  # [T, K] bf16/fp16
-    xp_ptr,  # [T, K] fp16 out: x * 2^-8, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
+    xp_ptr,  # [T, K] out, dtype of x: each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
     num_rows,
     K,
     stride_xt,
@@ -200,7 +217,6 @@ def prepare_activations_kernel(
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
-    x = (x.to(tl.float32) * 0.00390625).to(tl.float16)  # ACT_SCALE = 2^-8
     x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
     tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
 
@@ -213,13 +229,13 @@ def _permuted_column(n):
 
 @triton.jit
 def nvfp4_moe_gemm1_kernel(
-    x_ptr,  # [T, H] fp16, prepared activations (x * 2^-8, permuted K order)
+    x_ptr,  # [T, H] bf16/fp16, prepared activations (permuted K order)
     w_ptr,  # [E, 2I, H/4] int16, packed e2m1 (the uint8 [E, 2I, H/2] tensor viewed as int16)
     ws_ptr,  # [E, 2I, H/16] uint8, e4m3 block scales (linear layout)
     wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
-    h_ptr,  # [P, I] fp16 out: h * 2^-8 in the permuted K order, gemm2's activations
+    h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,
     inter_size,  # I
@@ -270,18 +286,18 @@ def nvfp4_moe_gemm1_kernel(
         acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
         acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
 
-    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 32768.0  # DECODE_UNSCALE = 2^15
-    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 32768.0
+    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
+    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
     gate = acc_g * gs_gate
     up = acc_u * gs_up
-    h = gate / (1.0 + tl.exp(-gate)) * up * 0.00390625  # ACT_SCALE = 2^-8: h is gemm2's activation
+    h = gate / (1.0 + tl.exp(-gate)) * up
     h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
-    tl.store(h_ptrs, h.to(tl.float16), mask=row_ok[None, :] & n_ok[:, None])
+    tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
 def nvfp4_moe_gemm2_kernel(
-    h_ptr,  # [P, I] fp16 from gemm1 (h * 2^-8, permuted K order)
+    h_ptr,  # [P, I] bf16/fp16 from gemm1 (permuted K order)
     w_ptr,  # [E, H, I/4] int16, packed e2m1 (the uint8 [E, H, I/2] tensor viewed as int16)
     ws_ptr,  # [E, H, I/16] uint8, e4m3 block scales (linear layout)
     wgs_ptr,  # [E] fp32 global scales
@@ -328,7 +344,7 @@ def nvfp4_moe_gemm2_kernel(
         h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
         acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
 
-    gs = tl.load(wgs_ptr + expert) * 32768.0  # DECODE_UNSCALE = 2^15
+    gs = tl.load(wgs_ptr + expert) * 128.0  # DECODE_UNSCALE = 2^7
     route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     y = acc * (gs * route_w[None, :])
     y_ptrs = y_ptr + pair_safe[None, :] * stride_yt + offs_n[:, None]

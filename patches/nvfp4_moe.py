@@ -51,7 +51,10 @@ def moe_path_from_env() -> str:
     value = os.environ.get(MOE_PATH_ENV, "").strip().lower() or "auto"
     if value not in PATHS:
         raise ValueError(f"{MOE_PATH_ENV}: expected one of {', '.join(PATHS)}, got {os.environ[MOE_PATH_ENV]!r}")
-    min_tokens_from_env()  # the threshold switch, checked now rather than at the first prefill
+    min_tokens_from_env()  # the threshold switches, checked now rather than at the first prefill
+    from sglang_glm5.prefill import min_tokens
+
+    min_tokens()
     return value
 
 
@@ -228,6 +231,7 @@ def apply_hook(original, self, layer, dispatch_output):
         w13_input_scale=w13_input_scale,
         w2_input_scale=w2_input_scale,
         check_ids=False,  # SGLang's top-k gives ids in [-1, E) by construction; the check would sync
+        num_global_experts=layer.num_experts,  # other ranks' experts come as -1 (expert parallelism)
     )
     return StandardCombineInput(hidden_states=out)
 

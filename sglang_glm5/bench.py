@@ -216,7 +216,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
         def launch():
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
-                out = torch.empty(ids.numel(), shape.inter, dtype=torch.float16, device="cuda")
+                out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
                 moe._launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
                                   0, shape.inter, False)  # fmt: skip
             else:

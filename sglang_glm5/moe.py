@@ -162,12 +162,11 @@ def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
 _caches: dict[int, object] = {}
 
 
-def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
+def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
     """The config for this call: the autotune cache of this GPU when it knows the shape, else the heuristic.
 
     The cache is read once per device and its answers are memoized, so a call costs a dict lookup.
     """
-    tokens_per_expert = num_pairs / max(num_experts, 1)
     if device.type != "cuda":
         return heuristic_config(tokens_per_expert)
     from sglang_glm5.autotune import ConfigCache
@@ -183,7 +182,7 @@ def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, devic
 
 def _dense_prefill(device: torch.device, tokens_per_expert: float) -> bool:
     """Whether ``sglang_glm5.prefill`` (dequantize once + grouped GEMM) serves this call."""
-    return tokens_per_expert >= prefill.min_tokens() and prefill.available(device)
+    return prefill.available(device) and tokens_per_expert >= prefill.min_tokens()
 
 
 def nvfp4_fused_moe(
@@ -203,6 +202,7 @@ def nvfp4_fused_moe(
     w13_input_scale: torch.Tensor | float | None = None,
     w2_input_scale: torch.Tensor | float | None = None,
     check_ids: bool = True,
+    num_global_experts: int | None = None,
 ) -> torch.Tensor:
     """NVFP4 mixture of experts: [T, H] hidden states -> [T, H], dtype of hidden_states.
 
@@ -218,6 +218,9 @@ def nvfp4_fused_moe(
     w13_input_scale, w2_input_scale: the checkpoint's activation scales, needed by the W4A4 path.
     check_ids: raise on expert ids outside [-1, E). Costs a device-to-host sync per call (skipped
     during CUDA-graph capture); callers whose ids are valid by construction turn it off.
+    num_global_experts: experts across all ranks, when the ids mark other ranks' experts -1 (expert
+    parallelism). Tiles and paths are chosen by tokens per expert, estimated without a sync as
+    T * k / num_global_experts (default E: every slot local).
     """
     num_tokens, hidden, num_experts, inter, top_k = _validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
@@ -230,11 +233,16 @@ def nvfp4_fused_moe(
     if config is not None and not isinstance(config, MoeConfig):
         raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
     num_pairs = num_tokens * top_k
+    if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):
+        raise ValueError(
+            f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
+        )
+    tokens_per_expert = num_pairs / (num_global_experts or num_experts)
     if path != "w4a16":
         from sglang_glm5.w4a4_select import resolve_path
 
         chosen = resolve_path(
-            path, hidden_states.device, num_pairs / num_experts, (num_experts, hidden, inter),
+            path, hidden_states.device, tokens_per_expert, (num_experts, hidden, inter),
             w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale,
         )  # fmt: skip
         if chosen == "w4a4":
@@ -248,17 +256,17 @@ def nvfp4_fused_moe(
     topk_ids = topk_ids.contiguous()
     gs13 = w13_scale_2.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
-    if config is None and not interpret and _dense_prefill(hidden_states.device, num_pairs / num_experts):
+    if config is None and not interpret and _dense_prefill(hidden_states.device, tokens_per_expert):
         return prefill.dense_moe(
-            hidden_states, w13, w13_scale, gs13, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
+            hidden_states, w13, w13_scale, gs13, w2, w2_scale, w2_scale_2.contiguous(), topk_weights, topk_ids,
             inter=inter, gate_row0=gate_row0, out=out,
         )  # fmt: skip
-    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, hidden_states.device)
+    cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, hidden_states.device)
 
     routes = {bm: align_pairs_by_expert(topk_ids, num_experts, bm) for bm in {cfg.gemm1.block_m, cfg.gemm2.block_m}}
 
     xp = prepare_activations(hidden_states)
-    h = torch.empty((num_pairs, inter), dtype=torch.float16, device=hidden_states.device)
+    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=hidden_states.device)
     _launch_gemm1(xp, w13, w13_scale, gs13, routes[cfg.gemm1.block_m], h, cfg.gemm1, top_k,
                   gate_row0, up_row0, interpret)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
@@ -269,12 +277,12 @@ def nvfp4_fused_moe(
 
 
 def prepare_activations(x: torch.Tensor) -> torch.Tensor:
-    """[T, K] bf16/fp16 -> [T, K] fp16: x * 2^-8, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 31].
+    """[T, K] bf16/fp16 -> [T, K], same dtype, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 31].
 
     The layout the GEMM kernels read activations in (``sglang_glm5.kernels.nvfp4_moe``); K % 32 == 0.
     """
     num_rows, k = x.shape
-    xp = torch.empty((num_rows, k), dtype=torch.float16, device=x.device)
+    xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
     block_t, block_k = 16, 256
     _k.prepare_activations_kernel[(triton.cdiv(num_rows, block_t), triton.cdiv(k, block_k))](
         x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),

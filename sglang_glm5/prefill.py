@@ -46,7 +46,7 @@ def min_tokens() -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{ENV_MIN_TOKENS}: expected a number of tokens per expert, got {raw!r}") from None
-    if value < 0:
+    if not value >= 0:  # also rejects nan
         raise ValueError(f"{ENV_MIN_TOKENS}: expected a number >= 0, got {raw!r}")
     return value
 
@@ -94,7 +94,7 @@ def dense_moe(
     w13_bf16 = dequantize_bf16(w13, w13_scale, scratch)
     gu = torch._grouped_mm(x_sorted, w13_bf16.transpose(1, 2), offs=offs)  # [rows, 2I] bf16
     # h = silu(gate * gs_gate) * up * gs_up, times gs2 * topk_weight (linear in h, so applied before
-    # gemm2 and its one rounding rather than to y); zero on padding rows.
+    # gemm2 and its one rounding rather than to y). Padding rows are left unwritten: nothing reads them.
     h = torch.empty((rows, inter), dtype=torch.bfloat16, device=device)
     gs13 = w13_scale_2
     block_i = 1024

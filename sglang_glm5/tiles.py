@@ -111,7 +111,7 @@ def _kernel_fn(kernel: str):
 
 # Pointer arguments and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {
-    "x_ptr": "*fp16", "h_ptr": "*fp16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
+    "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
     "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).

@@ -234,3 +234,19 @@ def test_check_ids_off_drops_out_of_range_ids_without_a_sync(gen, device):
     dropped[0, 0] = -1
     want = nvfp4_fused_moe_reference(*(v.cpu() for v in {**args, "topk_ids": dropped}.values()))
     assert ((got - want).norm() / want.norm()) < 1e-2
+
+
+def test_num_global_experts_sets_tokens_per_expert(gen, device, monkeypatch):
+    # Under expert parallelism (ids of other ranks' experts are -1) the tile choice must use
+    # T * k / global experts, not T * k / local experts: 8x too many under EP8.
+    from sglang_glm5 import moe
+
+    seen = []
+    real = moe.pick_config
+    monkeypatch.setattr(moe, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
+    args = _good(gen, device)  # T = 3, k = 2, E = 4 local experts
+    nvfp4_fused_moe(**args)
+    nvfp4_fused_moe(**args, num_global_experts=32)
+    assert seen == [6 / 4, 6 / 32]
+    with pytest.raises(ValueError, match="num_global_experts: expected an int >= the 4 local experts"):
+        nvfp4_fused_moe(**args, num_global_experts=2)

@@ -34,7 +34,7 @@ def test_min_tokens_env(monkeypatch, value, want):
     assert prefill.min_tokens() == want
 
 
-@pytest.mark.parametrize("value", ["many", "-1"])
+@pytest.mark.parametrize("value", ["many", "-1", "nan"])
 def test_min_tokens_env_rejects_bad_values(monkeypatch, value):
     monkeypatch.setenv(prefill.ENV_MIN_TOKENS, value)
     with pytest.raises(ValueError, match=prefill.ENV_MIN_TOKENS):
