@@ -30,7 +30,7 @@ class GemmConfig:
     """Launch parameters of one MoE GEMM kernel."""
 
     block_m: int  # (token, slot) pairs per program; all share one expert
-    block_n: int  # output columns per program
+    block_n: int  # output columns per program (weight rows: the tensor cores' M in the W4A16 kernels)
     block_k: int  # reduction step, in unpacked elements (a multiple of 32)
     num_warps: int = 4
     num_stages: int = 2
@@ -41,7 +41,7 @@ class GemmConfig:
             if v < 16 or v & (v - 1):
                 raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {v}")
         if self.block_k < 32:
-            raise ValueError(f"GemmConfig.block_k must be >= 32 (two half-width dots of >= 16), got {self.block_k}")
+            raise ValueError(f"GemmConfig.block_k must be >= 32 (the W4A16 kernels need >= 64), got {self.block_k}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
