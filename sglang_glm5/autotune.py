@@ -6,8 +6,9 @@ Cache key: target (short name and arch), kernel, GEMM shape (E, N, K), bucket of
 
 Lookup order: the user's cache ($SGLANG_GLM5_CACHE_DIR, default ~/.cache/sglang_glm5), then the
 caches shipped in ``configs/autotune/``, then ``tiles.heuristic_config``. A file that cannot be read,
-or an entry that is malformed or no longer fits the target's shared memory, is reported once and
-skipped: a cache never stops a server. Writes are locked and atomic, so 8 ranks may tune at once.
+or an entry that is malformed, no longer fits the target's shared memory or breaks a rule of the
+kernels (W4A16: block_k >= 64), is reported once and skipped: a cache never stops a server. Writes are
+locked and atomic, so 8 ranks may tune at once.
 
 Tuning happens offline (``sglang-glm5 tune``), never inside a request.
 """
@@ -39,6 +40,12 @@ def m_bucket(tokens_per_expert: float) -> int:
     while b < tokens_per_expert and b < MAX_BUCKET:
         b *= 2
     return b
+
+
+def tune_buckets(tokens_per_expert: Iterable[float]) -> list[int]:
+    """The buckets to tune for these tokens per expert: ``m_bucket`` of each, deduplicated, ascending.
+    Lookups read bucket keys only, so an entry stored under m=100 would never be read."""
+    return sorted({m_bucket(m) for m in tokens_per_expert})
 
 
 def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
@@ -93,17 +100,35 @@ def _report_once(message: str) -> None:
         log.warning(message)
 
 
+def _is_w4a4_key(key: str) -> bool:
+    """Whether a cache key is one of ``w4a4_cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
+    fields = key.split("|")
+    return len(fields) > 2 and fields[2].startswith("w4a4_")
+
+
+def _unfit_reason(key: str, entry: Entry, target: GpuTarget) -> str | None:
+    """Why the op could not launch this entry's config on the target; None when it can."""
+    if not target.fits(entry.shared_bytes):
+        return f"{entry.shared_bytes} B of shared memory exceeds {target.name}'s {target.shared_per_block} B"
+    if not _is_w4a4_key(key):  # W4A4 entries keep their own rules (sglang_glm5.w4a4)
+        from sglang_glm5.moe import _check_block_k
+
+        try:
+            _check_block_k(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
+        except ValueError as e:
+            return str(e)
+    return None
+
+
 def _parse_entry(key: str, raw: object, target: GpuTarget, path: Path) -> Entry | None:
     try:
         entry = Entry(GemmConfig(**raw["config"]), int(raw["shared_bytes"]), raw.get("ms"), str(raw["triton"]))
     except (TypeError, KeyError, ValueError) as e:
         _report_once(f"{path}: skipping malformed entry {key!r} ({type(e).__name__}: {e})")
         return None
-    if not target.fits(entry.shared_bytes):
-        _report_once(
-            f"{path}: skipping {key!r}: {entry.shared_bytes} B of shared memory exceeds {target.name}'s "
-            f"{target.shared_per_block} B"
-        )
+    unfit = _unfit_reason(key, entry, target)
+    if unfit is not None:
+        _report_once(f"{path}: skipping {key!r}: {unfit}")
         return None
     return entry
 
@@ -131,8 +156,11 @@ def _load_entries(path: Path, target: GpuTarget) -> dict[str, Entry]:
 class ConfigCache:
     """Entries for one target, from the user cache over the shipped one; memoized lookups.
 
-    Only the exact bucket counts: borrowing the nearest tuned bucket was measured slower than the
-    heuristic on H200 (m=32 took 1.64 ms with the m=16 tiles against 1.17 ms heuristic).
+    A bucket without an entry of its own borrows the entry of the nearest tuned bucket at most
+    ``NEAREST_OCTAVES`` (2) powers of two away, the larger on a tie (``_nearest``); beyond that the
+    heuristic. (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
+    1.64 ms with the m=16 tiles against 1.17 ms, and the lookup took exact buckets only; see NEAREST_OCTAVES.)
+    The W4A4 entries in the same files are read by ``lookup_w4a4``, for the exact bucket only.
     """
 
     def __init__(self, target: GpuTarget, paths: Iterable[Path] | None = None):

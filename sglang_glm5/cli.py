@@ -102,13 +102,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Pick tile configs for a target GPU: measured on the local GPU, else feasible picks offline."""
+    from sglang_glm5 import autotune
+
+    if args.batch_sizes:  # for both paths: entries are stored and read under power-of-two buckets only
+        asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
+        if asked != args.batch_sizes:
+            print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
     if args.path == "w4a4":
         from sglang_glm5 import w4a4_tune
 
         return w4a4_tune.tune_command(args)
     from pathlib import Path
 
-    from sglang_glm5 import autotune
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
 
@@ -171,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--path", choices=("w4a16", "w4a4"), default="w4a16",
         help=f"which kernels to check: {PATH_HELP}. With w4a4 (SM12x GPUs only, exit 2 elsewhere) the W4A4 op "
         "and the W4A16 op both run against the float64 reference (W4A4 within the error bound its NVFP4 "
-        "activations imply); a pass is recorded in the user cache so that path='auto' may pick W4A4 on this GPU",
+        "activations imply); a pass is recorded in the user cache so that path='auto' may pick W4A4 on this GPU, "
+        "for this layer shape and with the W4A4 tiles it ran (run it after `tune --path w4a4`, which can void it)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_selfcheck)
 
@@ -203,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
     p.add_argument(
         "--batch-sizes", type=int_list, default=None,
-        help="tokens per expert to tune for (powers of two; others are rounded up; default 1,2,4,...,2048; "
-        "with --path w4a4: 16,32,...,2048)",
+        help="tokens per expert to tune for (each rounded up to a power of two, at most 4096, duplicates "
+        "dropped: lookups read those buckets only; default 1,2,4,...,2048; with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
     p.add_argument(

@@ -211,8 +211,8 @@ def nvfp4_fused_moe(
     [E, H, I/16] e4m3, w2_scale_2 [E] fp32; topk_weights [T, k] fp32 (routed scaling included);
     topk_ids [T, k] int32/int64 local expert ids, -1 = expert not on this rank.
     w13_order: "gate_up" when w13 rows are [gate; up], "up_gate" when [up; gate].
-    config: tiles for the W4A16 kernels (default: the autotune cache, else the heuristic); a config
-    also keeps the call on those kernels (no dense prefill).
+    config: tiles for the W4A16 kernels (default: the autotune cache, else the heuristic); with
+    path="auto" a config also keeps the call on those kernels (no W4A4, no dense prefill).
     path: "w4a16" (NVFP4 weights, 16-bit activations), "w4a4" (SM12x only: activations quantized to
     NVFP4 with the input scales, block-scaled FP4 tensor cores), or "auto" (``w4a4_select.resolve_path``).
     w13_input_scale, w2_input_scale: the checkpoint's activation scales, needed by the W4A4 path.
@@ -238,7 +238,7 @@ def nvfp4_fused_moe(
             f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
         )
     tokens_per_expert = num_pairs / (num_global_experts or num_experts)
-    if path != "w4a16":
+    if path != "w4a16" and not (path == "auto" and config is not None):  # a config is for the W4A16 kernels
         from sglang_glm5.w4a4_select import resolve_path
 
         chosen = resolve_path(
@@ -251,6 +251,7 @@ def nvfp4_fused_moe(
             return nvfp4_fused_moe_w4a4(
                 hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
                 w13_input_scale, w2_input_scale, w13_order=w13_order, check_ids=False,  # checked above
+                num_global_experts=num_global_experts,
             )  # fmt: skip
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()

@@ -137,12 +137,19 @@ _caches: dict[int, object] = {}
 _picked: dict[tuple, MoeConfig] = {}
 
 
-def pick_config(num_pairs: int, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
+def clear_memo() -> None:
+    """Forget the cache files and tiles ``pick_config`` read (``w4a4_select.clear_memo`` calls this)."""
+    _caches.clear()
+    _picked.clear()
+
+
+def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
     """The W4A4 entries of this GPU's autotune cache (``sglang-glm5 tune --path w4a4``), else the heuristic.
 
-    The cache is read once per device and the answers are memoized: a call costs a dict lookup.
+    tokens_per_expert: T * k / num_global_experts, the estimate ``moe.nvfp4_fused_moe`` hands
+    ``w4a4_select.resolve_path``, so that the tiles a self-check record is checked against are the ones
+    that run. The cache is read once per device and the answers are memoized: a call costs a dict lookup.
     """
-    tokens_per_expert = num_pairs / max(num_experts, 1)
     if device.type != "cuda":
         return heuristic_config(tokens_per_expert)
     from sglang_glm5 import autotune
@@ -342,7 +349,7 @@ def _launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cf
 def _run(
     hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
     w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
-    check_ids: bool = True,
+    check_ids: bool = True, num_global_experts: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     from sglang_glm5.moe import _check_ids_in_range, _validate, align_pairs_by_expert, interpreting, sum_over_slots
 
@@ -357,10 +364,15 @@ def _run(
         _check_ids_in_range(topk_ids, num_experts)
     if config is not None and not isinstance(config, MoeConfig):
         raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
+    if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):
+        raise ValueError(
+            f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
+        )
     a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32, device=device).max().reshape(1)
     a2 = _per_expert(w2_input_scale, num_experts, "w2_input_scale").to(device).contiguous()
     num_pairs = num_tokens * top_k
-    cfg = config or pick_config(num_pairs, num_experts, hidden, inter, device)
+    tokens_per_expert = num_pairs / (num_global_experts or num_experts)  # as moe.nvfp4_fused_moe estimates it
+    cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, device)
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
@@ -395,14 +407,16 @@ def nvfp4_fused_moe_w4a4(
     w13_order: str = "gate_up",
     config: MoeConfig | None = None,
     check_ids: bool = True,
+    num_global_experts: int | None = None,
 ) -> torch.Tensor:
     """W4A4 NVFP4 MoE on SM12x tensor cores; the arguments of ``nvfp4_fused_moe`` plus the input scales.
 
     w13_input_scale: scalar, [E] or [E, 2] fp32 (its max is the one activation global scale);
     w2_input_scale: scalar or [E] fp32 local-expert scales. config: W4A4 tiles (default: the W4A4
-    entries of the autotune cache, else ``heuristic_config``). check_ids: as in ``nvfp4_fused_moe`` (the
-    id range check syncs with the host). Raises RuntimeError off SM12x GPUs: the block-scaled FP4 mma
-    exists only there (sm_90 compiles dot_scaled to a bf16 upcast).
+    entries of the autotune cache for T * k / num_global_experts tokens per expert, else
+    ``heuristic_config``). check_ids, num_global_experts: as in ``nvfp4_fused_moe`` (the id range check
+    syncs with the host). Raises RuntimeError off SM12x GPUs: the block-scaled FP4 mma exists only there
+    (sm_90 compiles dot_scaled to a bf16 upcast).
     NOT YET RUN ON SM120 HARDWARE.
     """
     got = sm12x_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
@@ -411,6 +425,7 @@ def nvfp4_fused_moe_w4a4(
     return _run(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
         w13_input_scale, w2_input_scale, w13_order=w13_order, config=config, emulate_dot=False, check_ids=check_ids,
+        num_global_experts=num_global_experts,
     )  # fmt: skip
 
 

@@ -6,7 +6,9 @@ with W4A4's own kernels, search space (``search_space``) and shared-memory model
 (``w4a4.model_shared_bytes``). On an SM12x GPU of the target's kind it benchmarks the feasible tiles,
 then times the whole W4A4 op against W4A16 per bucket and stores the threshold (``threshold_from_timings``)
 that ``w4a4_select.resolve_path("auto")`` reads. Offline it stores AOT-checked heuristic tiles and the
-default threshold, marked ``measured: false``. Nothing here has run on SM120 hardware.
+default threshold, marked ``measured: false``. Run it before ``selfcheck --path w4a4``: the self-check
+record binds the tiles in effect when it ran, so a later tune that changes them voids it.
+Nothing here has run on SM120 hardware.
 """
 
 from __future__ import annotations
@@ -241,5 +243,10 @@ def tune_command(args) -> int:
         print(f"\ntune: {shape}: {len(entries)} W4A4 entries, auto picks W4A4 from {said} -> {out}")
     if measure:
         print(f"tune: {total.summary()}")
+    print(
+        f"tune: next, on the GPU that serves, `sglang-glm5 selfcheck --path w4a4 --shape S` for S in "
+        f"{', '.join(args.shape)}: path='auto' runs W4A4 tiles only where a self-check ran them, and a "
+        "self-check made before this tune is void once the tiles it ran changed"
+    )
     clear_memo()
     return 0

@@ -4,7 +4,8 @@ Nothing here has run on SM120 hardware.
 ``run_selfcheck``: W4A4 and W4A16 on random GLM-5-shaped NVFP4 layers at several token counts, against
 the float64 reference (W4A4 within the bound NVFP4 activation quantization implies, and against its
 torch emulation); on a pass it writes the record that lets ``resolve_path("auto")`` pick W4A4 on this
-GPU (``sglang_glm5.w4a4_select``), on a failure it removes an earlier one. The numbers it compares with
+GPU for this layer shape, with the tiles it ran (``sglang_glm5.w4a4_select`` says which calls a record
+covers); on a failure it removes this GPU's earlier ones. The numbers it compares with
 (``reference_intermediates``, ``calibrated_input_scales``, ``activation_error_bound``) are the ones
 tests/test_w4a4.py checks the emulation with.
 """
@@ -166,7 +167,8 @@ def run_selfcheck(
     details: dict | None = None,
 ) -> SelfCheckResult:
     """W4A4 and W4A16 on random NVFP4 layers of ``shape`` (a MoeShape) at each token count, against the
-    float64 reference; writes the record for ``gpu`` when every row passes, removes it otherwise.
+    float64 reference; writes the record for ``gpu`` and ``shape`` when every row passes (with the W4A4
+    tiles ``w4a4.pick_config`` gives on ``device`` at each size), removes ``gpu``'s records otherwise.
 
     w4a4_op(x, *layer, topk_weights, topk_ids, w13_input_scale, w2_input_scale) defaults to
     ``nvfp4_fused_moe_w4a4``, w4a16_op(x, *layer, topk_weights, topk_ids) to ``nvfp4_fused_moe`` pinned
@@ -215,14 +217,42 @@ def run_selfcheck(
         rows.append(row)
         say(row.line())
     passed = bool(rows) and not any(r.problems for r in rows)
-    payload = {**(details or {}), "shape": str(shape), "rows": [asdict(r) for r in rows]}
-    return SelfCheckResult(tuple(rows), write_record(gpu, passed, payload))
+    payload = {**(details or {}), "shape_name": str(shape), "rows": [asdict(r) for r in rows]}
+    # On a pass the record binds the shape and the tiles W4A4 just ran at each size (w4a4_select).
+    path = write_record(
+        gpu, shape, passed, payload, device=device, tokens_per_expert=[r.tokens_per_expert for r in rows]
+    )
+    return SelfCheckResult(tuple(rows), path)
 
 
 # ---------------------------------------------------------------------------------------------
 # The command (``sglang_glm5.cli`` dispatches here for ``selfcheck --path w4a4``).
 
 SELFCHECK_TOKENS = (7, 256, 2048)  # on glm5-ep8: 1.75, 64 (the default threshold) and 512 tokens per expert
+
+
+def coverage(shape, device: torch.device) -> str:
+    """Where path='auto' now picks W4A4 for this layer, bucket by bucket from the threshold up (asking
+    resolve_path itself), and the token counts that would check the tiles of the buckets left out."""
+    import math
+
+    from sglang_glm5.autotune import MAX_BUCKET, m_bucket
+    from sglang_glm5.hardware import detect
+    from sglang_glm5.w4a4_select import resolve_path, threshold_for
+
+    threshold = threshold_for(detect(device.index if device.index is not None else torch.cuda.current_device()), shape)
+    if math.isinf(threshold):
+        return "selfcheck: the stored threshold says W4A4 is never faster here: path='auto' stays on W4A16"
+    buckets = [1 << n for n in range(m_bucket(threshold).bit_length() - 1, MAX_BUCKET.bit_length())]
+    scales = {"w13_input_scale": 1.0, "w2_input_scale": 1.0}  # auto needs them; their values do not matter here
+    on = [b for b in buckets if resolve_path("auto", device, max(b, threshold), shape, **scales) == "w4a4"]
+    off = [b for b in buckets if b not in on]
+    text = f"selfcheck: path='auto' picks W4A4 at m = {', '.join(map(str, on)) or 'none'} tokens per expert"
+    if off:
+        counts = ",".join(str(math.ceil(b * shape.num_experts / shape.top_k)) for b in off)
+        text += (f"; stays on W4A16 at m = {', '.join(map(str, off))}, whose tiles it did not run "
+                 f"(add --tokens {counts} to check them)")  # fmt: skip
+    return text
 
 
 def _say_not_sm12x(command: str, got: str) -> int:
@@ -250,7 +280,8 @@ def selfcheck_command(args) -> int:
     print(f"selfcheck --path w4a4: {shape} on {gpu.name} (sm_{gpu.arch}), seed {seed}")
     result = run_selfcheck(shape, tokens, device, gen, gpu, details={"seed": seed, "tokens": tokens})
     if result.passed:
-        print(f"selfcheck: W4A4 passed; recorded in {result.record}: path='auto' may now pick W4A4 on this GPU")
+        print(f"selfcheck: W4A4 passed; recorded in {result.record} for this GPU and layer {shape}")
+        print(coverage(shape, device))
         return 0
     print(f"selfcheck: W4A4 FAILED; nothing recorded ({result.record}): path='auto' stays on W4A16 here")
     return 1

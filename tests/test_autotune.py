@@ -107,6 +107,69 @@ def test_unknown_keys_and_unfit_configs_are_skipped(tmp_path, caplog, gen):
     _run_op_with(cache, gen)
 
 
+def test_w4a16_entry_with_block_k_below_64_is_reported_once_and_skipped(tmp_path, caplog, gen):
+    """GemmConfig allows block_k 32, the W4A16 kernels do not: such an entry made every call raise."""
+    path = tmp_path / "c.json"
+    shallow = GemmConfig(16, 32, 32, 2, 2)
+    with pytest.raises(ValueError, match="block_k must be >= 64"):  # what the op does with it
+        _run_op_with(_FixedCache(tiles.MoeConfig(shallow, SMALL)), gen)
+    w4a4_key = autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 2)  # W4A4 entries keep their own rules
+    entries = {_key("gemm1", 2): _entry(shallow), _key("gemm2", 2): _entry(SMALL), w4a4_key: _entry(SMALL)}
+    autotune.store(path, SM120, entries)
+    with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
+        cache = ConfigCache(SM120, [path])
+        ConfigCache(SM120, [path])
+    assert set(cache.entries) == {_key("gemm2", 2), w4a4_key}
+    assert (
+        sum(f"skipping {_key('gemm1', 2)!r}: config: block_k must be >= 64" in r.message for r in caplog.records) == 1
+    )
+    assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(tiles.heuristic_config(2).gemm1, SMALL)
+    _run_op_with(cache, gen)
+
+
+class _FixedCache:
+    def __init__(self, cfg: tiles.MoeConfig):
+        self.cfg = cfg
+
+    def lookup(self, shape, tokens_per_expert):
+        return self.cfg
+
+
+def test_batch_sizes_are_rounded_to_the_buckets_lookups_read(tmp_path, capsys):
+    """`tune --batch-sizes 100` stored m=100 entries, which no lookup reads (they read m=128)."""
+    from sglang_glm5.cli import main
+
+    out = tmp_path / "out.json"
+    assert main(["tune", "--shape", "4,64,32", "--batch-sizes", "100,128", "--out", str(out)]) == 0
+    assert "--batch-sizes 100,128 -> buckets 128" in capsys.readouterr().out
+    assert set(json.loads(out.read_text())["entries"]) == {_key("gemm1", 128), _key("gemm2", 128)}
+    stored = ConfigCache(SM120, [out]).entries
+    assert ConfigCache(SM120, [out]).lookup(SHAPE, 100).gemm1 == stored[_key("gemm1", 128)].config
+
+
+def test_both_tune_paths_get_the_rounded_buckets(monkeypatch, tmp_path):
+    """Rounded once, in the tune command, for W4A16 and W4A4 alike: deduplicated and ascending."""
+    from sglang_glm5 import w4a4_tune
+    from sglang_glm5.cli import main
+
+    seen = {}
+
+    def recorder(path):
+        def tune(target, shape, buckets, bench, **kwargs):
+            seen[path] = list(buckets)
+            return {}, autotune.TuneReport()
+
+        return tune
+
+    monkeypatch.setattr(autotune, "tune", recorder("w4a16"))
+    monkeypatch.setattr(w4a4_tune, "tune", recorder("w4a4"))
+    for path in ("w4a16", "w4a4"):
+        argv = ["tune", "--path", path, "--shape", "4,64,32", "--batch-sizes", "100,3,128,4,5000"]
+        assert main([*argv, "--out", str(tmp_path / "out.json")]) == 0
+    assert seen == {"w4a16": [4, 128, autotune.MAX_BUCKET], "w4a4": [4, 128, autotune.MAX_BUCKET]}
+    assert autotune.tune_buckets([]) == []
+
+
 def _writer(path: str, worker: int) -> None:
     items = {f"t|sm_120|gemm1|E=1,N=1,K=1|m={worker}-{i}": _entry(SMALL) for i in range(25)}
     for key, entry in items.items():

@@ -114,6 +114,23 @@ def test_kernels_match_the_emulation_in_the_interpreter(case, config, gen):
     assert rms < 0.02 and worst < 0.1, f"kernels vs emulation: rms {rms:.4f}, max/max {worst:.4f}"
 
 
+def test_tiles_are_picked_by_tokens_per_global_expert(monkeypatch, gen):
+    """Under expert parallelism moe.nvfp4_fused_moe hands w4a4_select.resolve_path T * k / num_global_experts;
+    the W4A4 op must pick its tiles on that same estimate, or auto would vouch for tiles other than those run."""
+    seen = []
+    real = w4a4.pick_config
+    monkeypatch.setattr(w4a4, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
+    case = Case(16, top_k=4, remote_fraction=0.5)  # 64 pairs over 8 local experts of 32
+    x, args, weights, ids, a1, a2, _ = _problem(case, gen)
+    w4a4._run(x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True, num_global_experts=32)
+    w4a4._run(x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True)
+    assert seen == [2.0, 8.0]
+    with pytest.raises(ValueError, match="num_global_experts: expected an int >= the 8 local experts, got 4"):
+        w4a4._run(
+            x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True, num_global_experts=4
+        )
+
+
 def test_public_op_refuses_non_sm12x():
     with pytest.raises(RuntimeError, match="SM12x"):
         w4a4.nvfp4_fused_moe_w4a4(*([torch.zeros(1)] * 11))

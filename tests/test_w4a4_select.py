@@ -18,7 +18,7 @@ from sglang_glm5 import autotune, hardware, w4a4, w4a4_select, w4a4_tune, w4a4_v
 from sglang_glm5.cli import main
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.shapes import MoeShape
-from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.w4a4_select import GpuIdentity, resolve_path, write_record
 from sglang_glm5.w4a4_verify import run_selfcheck
 
@@ -52,6 +52,21 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(hardware, "detect", lambda *a: target)
 
     return install
+
+
+def _pass(shape=SHAPE, tokens_per_expert=(64, 512), gpu=PRO6000):
+    """A passing record, as the self-check writes it after running these sizes on the (faked) GPU:
+    by default one size per heuristic W4A4 tile pair (64x64x128 up to 128, 128x128x128 above), both
+    at or above the default threshold, so that auto may take W4A4 at any prefill size."""
+    return write_record(gpu, shape, True, {}, device=CUDA, tokens_per_expert=tokens_per_expert)
+
+
+def _store_w4a4_tiles(bucket: int, cfg: GemmConfig, shape=SHAPE) -> None:
+    """What `tune --path w4a4` leaves in the user cache: W4A4 tiles for one bucket."""
+    entries = {
+        autotune.w4a4_cache_key(SM120, k, shape, bucket): autotune.Entry(cfg, 40000, 0.1, "t") for k in w4a4.KERNELS
+    }
+    autotune.store(autotune.user_cache_path(SM120), SM120, entries)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,12 +105,12 @@ def test_w4a4_needs_the_input_scales(fake_gpu):
 def test_auto_flips_to_w4a4_only_after_a_passing_record(fake_gpu):
     fake_gpu()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # SM120, prefill size, but unproven
-    write_record(PRO6000, True, {})
+    _pass()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, SHAPE, **SCALES) == "w4a4"
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, SHAPE, **SCALES) == "w4a16"  # decode size
     assert resolve_path("auto", CUDA, 1e6, SHAPE) == "w4a16"  # no input scales: W4A16
-    write_record(PRO6000, False, {})  # a later failure takes the pass back
+    write_record(PRO6000, SHAPE, False, {})  # a later failure takes the pass back
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
     assert PRO6000.name not in json.dumps(json.loads(w4a4_select.record_path().read_text()))
 
@@ -103,7 +118,7 @@ def test_auto_flips_to_w4a4_only_after_a_passing_record(fake_gpu):
 def test_auto_never_w4a4_off_sm12x_even_with_a_record(fake_gpu):
     h200 = TARGETS["h200"]
     fake_gpu(h200)
-    write_record(GpuIdentity(h200.device_name, 90), True, {})
+    _pass(gpu=GpuIdentity(h200.device_name, 90))
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
     assert resolve_path("auto", torch.device("cpu"), 1e6, SHAPE, **SCALES) == "w4a16"
 
@@ -114,32 +129,118 @@ def test_auto_never_w4a4_off_sm12x_even_with_a_record(fake_gpu):
         {"name": "NVIDIA GeForce RTX 5090"},  # another GPU's record
         {"triton": "0.0.1"},  # another Triton version
         {"kernel_digest": "000000000000"},  # other kernel sources
+        {"tiles_digest": "000000000000"},  # other tiles
     ],
 )
-def test_a_record_counts_only_for_this_gpu_triton_and_kernels(fake_gpu, change):
+def test_a_record_counts_only_for_this_gpu_triton_kernels_and_tiles(fake_gpu, change):
     fake_gpu()
     gpu = GpuIdentity(change.get("name", PRO6000.name), 120)
-    write_record(gpu, True, {})
+    _pass(gpu=gpu)
     path = w4a4_select.record_path()
     data = json.loads(path.read_text())
-    key = w4a4_select.record_key(gpu)
+    key = w4a4_select.record_key(gpu, SHAPE)
     if "triton" in change:
-        data[w4a4_select.record_key(gpu, change["triton"])] = data.pop(key)
-    if "kernel_digest" in change:
-        data[key]["kernel_digest"] = change["kernel_digest"]
+        data[w4a4_select.record_key(gpu, SHAPE, change["triton"])] = data.pop(key)
+    for field in ("kernel_digest", "tiles_digest"):
+        if field in change:
+            data[key][field] = change[field]
     path.write_text(json.dumps(data))
     w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 
 
+def test_a_record_for_another_shape_does_not_enable_auto(fake_gpu):
+    """A pass on glm5-mini says nothing about the GLM-5 EP8 layer (other tiles, other grids)."""
+    fake_gpu()
+    other = MoeShape(SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
+    _pass(shape=other)
+    assert resolve_path("auto", CUDA, 1e6, other, **SCALES) == "w4a4"  # the record does work, for its shape
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, 1e6, (8, 512, 128), **SCALES) == "w4a16"  # another H
+
+
+def test_the_matching_record_enables_auto_with_tuned_tiles(fake_gpu):
+    """tune first, then the self-check: its record binds the tuned tiles, and auto runs them."""
+    fake_gpu()
+    tuned = GemmConfig(32, 64, 256, 4, 2)
+    _store_w4a4_tiles(64, tuned)
+    _pass(tokens_per_expert=(64,))
+    assert w4a4.pick_config(64, 8, 256, 128, CUDA) == MoeConfig(tuned, tuned)
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a4"
+    w4a4_select.clear_memo()  # a fresh process (the server) reads the same answer
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a4"
+
+
+def test_a_record_made_before_the_w4a4_tiles_changed_does_not_enable_auto(fake_gpu):
+    """selfcheck, then tune: the tiles the self-check ran at m=64 are gone, so the whole record is void,
+    also at m=512, whose tiles did not change."""
+    fake_gpu()
+    _pass()
+    assert resolve_path("auto", CUDA, 512, SHAPE, **SCALES) == "w4a4"
+    _store_w4a4_tiles(64, GemmConfig(32, 64, 256, 4, 2))
+    w4a4_select.clear_memo()  # the server starts after the tune
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, 512, SHAPE, **SCALES) == "w4a16"
+    _pass()  # the self-check run again after the tune
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a4"
+
+
+def test_tiles_the_self_check_never_ran_stay_on_w4a16(fake_gpu):
+    """Tuned tiles at a bucket the check did not run: auto uses them only where they equal a pair it ran."""
+    fake_gpu()
+    _store_w4a4_tiles(1024, GemmConfig(32, 64, 256, 4, 2))  # a pair nobody checked
+    _store_w4a4_tiles(2048, w4a4.heuristic_config(512).gemm1)  # the pair the check runs at 512
+    _pass()  # runs 64 and 512: heuristic tiles, unchanged by these entries
+    assert resolve_path("auto", CUDA, 1024, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, 2048, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, 256, SHAPE, **SCALES) == "w4a4"  # heuristic: the pair run at 512
+
+
+def test_selfcheck_names_the_buckets_auto_takes_and_the_tokens_that_would_cover_the_rest(fake_gpu):
+    fake_gpu()
+    _store_w4a4_tiles(1024, GemmConfig(32, 64, 256, 4, 2))
+    _pass()
+    text = w4a4_verify.coverage(SHAPE, CUDA)
+    assert "picks W4A4 at m = 64, 128, 256, 512, 2048, 4096 tokens per expert" in text
+    assert "stays on W4A16 at m = 1024" in text and "--tokens 2048" in text  # 1024 * E / k = 1024 * 8 / 4
+
+
+def test_a_check_below_the_threshold_proves_nothing_for_prefill(fake_gpu):
+    """`selfcheck --tokens 1` runs the m >= 64 tiles (64x64x128) too, at 2 tokens per expert: one partial
+    block per expert, none of the multi-block work of prefill. It does not count."""
+    fake_gpu()
+    _pass(tokens_per_expert=(2, 16))
+    assert w4a4.heuristic_config(2) == w4a4.heuristic_config(64)  # the same tiles...
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a16"  # ...but not run at a W4A4 size
+
+
+def test_kernel_digest_covers_the_shared_sort_and_sum_kernels_and_the_op(monkeypatch, tmp_path):
+    """The W4A4 path launches moe.align_pairs_by_expert and moe.sum_over_slots (kernels/nvfp4_moe.py)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    before = w4a4_select.kernel_digest()
+    find_spec = importlib.util.find_spec
+    for module in ("sglang_glm5.moe", "sglang_glm5.kernels.nvfp4_moe"):
+        edited = tmp_path / f"{module}.py"
+        edited.write_bytes(open(find_spec(module).origin, "rb").read() + b"\n# edited\n")
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, m=module, e=edited: SimpleNamespace(origin=str(e)) if name == m
+                            else find_spec(name, *a))  # fmt: skip
+        monkeypatch.setattr(w4a4_select, "_digest", None)
+        assert w4a4_select.kernel_digest() != before, module
+
+
 def test_device_facts_are_memoized_until_cleared(fake_gpu):
     fake_gpu()
+    _pass()
+    path = w4a4_select.record_path()
+    data = path.read_text()
+    path.unlink()
+    w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
     # A record written behind resolve_path's back (not through write_record) is seen after clear_memo only.
-    from sglang_glm5._files import update_json
-
-    rec = {"passed": True, "kernel_digest": w4a4_select.kernel_digest()}
-    update_json(w4a4_select.record_path(), lambda d: d.update({w4a4_select.record_key(PRO6000): rec}))
+    path.write_text(data)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
     w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
@@ -158,7 +259,7 @@ def test_a_broken_record_file_means_unproven_not_an_error(fake_gpu, caplog):
 
 def test_threshold_env_override(fake_gpu, monkeypatch):
     fake_gpu()
-    write_record(PRO6000, True, {})
+    _pass()
     monkeypatch.setenv(w4a4_select.MIN_TOKENS_ENV, "8")
     assert resolve_path("auto", CUDA, 8, SHAPE, **SCALES) == "w4a4"
     assert resolve_path("auto", CUDA, 7.9, SHAPE, **SCALES) == "w4a16"
@@ -175,19 +276,20 @@ def test_threshold_env_rejects_non_numbers(fake_gpu, monkeypatch, value):
 @pytest.mark.parametrize("stored", [256, 16])  # above and below the default
 def test_threshold_from_the_tuner_cache(fake_gpu, stored):
     fake_gpu()
-    write_record(PRO6000, True, {})
+    other = (SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
+    _pass()
+    _pass(shape=other)
     autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, stored, measured=True)
     assert resolve_path("auto", CUDA, stored - 1, SHAPE, **SCALES) == "w4a16"
     assert resolve_path("auto", CUDA, stored, SHAPE, **SCALES) == "w4a4"
     # Another layer shape has no stored threshold: the default.
-    other = (SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, other, **SCALES) == "w4a4"
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, other, **SCALES) == "w4a16"
 
 
 def test_tuner_found_w4a4_never_faster(fake_gpu):
     fake_gpu()
-    write_record(PRO6000, True, {})
+    _pass()
     autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, None, measured=True)
     assert resolve_path("auto", CUDA, 1e12, SHAPE, **SCALES) == "w4a16"
     assert resolve_path("w4a4", CUDA, 1, SHAPE, **SCALES) == "w4a4"  # forcing still works
@@ -195,7 +297,7 @@ def test_tuner_found_w4a4_never_faster(fake_gpu):
 
 def test_malformed_threshold_is_reported_and_the_default_used(fake_gpu, caplog):
     fake_gpu()
-    write_record(PRO6000, True, {})
+    _pass()
     path = autotune.user_cache_path(SM120)
     path.parent.mkdir(parents=True)
     key = autotune.w4a4_threshold_key(SM120, SHAPE)
@@ -236,16 +338,21 @@ def _selfcheck(w4a4_op, gen, tokens=(16, 40)) -> w4a4_verify.SelfCheckResult:
     return result
 
 
-def test_selfcheck_pass_writes_the_record_and_auto_flips(fake_gpu, gen):
+def test_selfcheck_pass_writes_the_record_and_auto_flips(fake_gpu, gen, monkeypatch):
     fake_gpu()
-    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    monkeypatch.setenv(w4a4_select.MIN_TOKENS_ENV, "8")  # the interpreter runs 8 and 20 tokens per expert
+    assert resolve_path("auto", CUDA, 20, SHAPE, **SCALES) == "w4a16"
     result = _selfcheck(_interpreter_w4a4, gen)
     assert result.passed, [r.problems for r in result.rows]
     for row in result.rows:
         assert row.w4a4_rms <= row.bound and row.vs_emulation < w4a4_verify.EMULATION_RMS and row.w4a16_rel < 1e-2
-    rec = json.loads(result.record.read_text())[w4a4_select.record_key(PRO6000)]
-    assert rec["passed"] is True and rec["shape"] == str(SHAPE) and len(rec["rows"]) == 2
-    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+    rec = json.loads(result.record.read_text())[w4a4_select.record_key(PRO6000, SHAPE)]
+    assert rec["passed"] is True and rec["shape"] == [8, 256, 128] and len(rec["rows"]) == 2
+    assert [(c["tokens_per_expert"], c["bucket"]) for c in rec["checked"]] == [(8.0, 8), (20.0, 32)]
+    assert {GemmConfig(**c["gemm1"]) for c in rec["checked"]} == {w4a4.heuristic_config(20).gemm1}
+    assert resolve_path("auto", CUDA, 20, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, 100, SHAPE, **SCALES) == "w4a4"  # the same tiles (64x64x128)
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # 128x128x128: never run by this check
 
 
 @pytest.mark.parametrize(
@@ -259,13 +366,16 @@ def test_selfcheck_pass_writes_the_record_and_auto_flips(fake_gpu, gen):
 )
 def test_selfcheck_failure_writes_no_record_and_takes_back_a_pass(fake_gpu, gen, broken, problem):
     fake_gpu()
-    write_record(PRO6000, True, {})  # an earlier pass on this GPU
+    _pass()  # an earlier pass on this GPU
+    other = (SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
+    _pass(shape=other)  # and one for another layer shape
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
     result = _selfcheck(broken, gen, tokens=(24,))
     assert not result.passed
     assert any(problem in p for p in result.rows[0].problems), result.rows[0].problems
-    assert w4a4_select.record_key(PRO6000) not in json.loads(result.record.read_text())
+    assert json.loads(result.record.read_text()) == {}  # every pass of this GPU taken back
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, 1e6, other, **SCALES) == "w4a16"
 
 
 def test_error_bound_ignores_experts_without_tokens(gen):
