@@ -203,6 +203,22 @@ def _nvfp4_dot(
 
 
 @triton.jit
+def _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """The BLOCK_M pair ids of routing block pid_m, and which of them are real (the rest is padding)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    return pair, pair < num_pairs
+
+
+@triton.jit
+def _tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
+    """Output columns of tile pid_n: (offsets, in range, int64 offsets clamped to 0 for unmasked loads)."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < size
+    return offs_n, n_ok, tl.where(n_ok, offs_n, 0).to(tl.int64)
+
+
+@triton.jit
 def prepare_activations_kernel(
     x_ptr,  # [T, K] bf16/fp16
     xp_ptr,  # [T, K] out, dtype of x: each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
@@ -263,14 +279,10 @@ def nvfp4_moe_gemm1_kernel(
         return
     expert = expert.to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < inter_size
-    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
     w_base = w_ptr + expert * stride_we
     s_base = ws_ptr + expert * stride_se
     wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
@@ -327,14 +339,10 @@ def nvfp4_moe_gemm2_kernel(
         return
     expert = expert.to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hidden_size
-    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
     w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
 

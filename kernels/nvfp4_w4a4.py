@@ -26,7 +26,7 @@ logic (indexing, quantization, epilogues) this way; only the compiled path uses 
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import _e2m1_nibbles_to_f16, _round_to
+from sglang_glm5.kernels.nvfp4_moe import _block_pairs, _e2m1_nibbles_to_f16, _round_to, _tile_columns
 
 
 @triton.jit
@@ -180,14 +180,10 @@ def nvfp4_w4a4_gemm1_kernel(
         return
     expert = expert.to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < inter_size
-    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
     wg_rows = w_ptr + expert * stride_we + (gate_row0 + offs_n_safe) * stride_wn
     wu_rows = w_ptr + expert * stride_we + (up_row0 + offs_n_safe) * stride_wn
     sg_rows = ws_ptr + expert * stride_se + (gate_row0 + offs_n_safe) * stride_sn
@@ -259,14 +255,10 @@ def nvfp4_w4a4_gemm2_kernel(
         return
     expert = expert.to(tl.int64)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hidden_size
-    offs_n_safe = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
     w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
     hq_rows = hq_ptr + pair_safe * stride_hqt
