@@ -155,6 +155,14 @@ def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
     return sorted_ids, block_expert
 
 
+def routes_for(topk_ids: torch.Tensor, num_experts: int, cfg: MoeConfig) -> tuple[tuple, tuple]:
+    """(gemm1's, gemm2's) ``align_pairs_by_expert`` routing for their block_m; sorted once when they agree."""
+    route1 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm1.block_m)
+    if cfg.gemm2.block_m == cfg.gemm1.block_m:
+        return route1, route1
+    return route1, align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
+
+
 # ---------------------------------------------------------------------------------------------
 # The op.
 
@@ -264,15 +272,15 @@ def nvfp4_fused_moe(
         )  # fmt: skip
     cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, hidden_states.device)
 
-    routes = {bm: align_pairs_by_expert(topk_ids, num_experts, bm) for bm in {cfg.gemm1.block_m, cfg.gemm2.block_m}}
+    route1, route2 = routes_for(topk_ids, num_experts, cfg)
 
     xp = prepare_activations(hidden_states)
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=hidden_states.device)
-    _launch_gemm1(xp, w13, w13_scale, gs13, routes[cfg.gemm1.block_m], h, cfg.gemm1, top_k,
+    _launch_gemm1(xp, w13, w13_scale, gs13, route1, h, cfg.gemm1, top_k,
                   gate_row0, up_row0, interpret)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
-                  routes[cfg.gemm2.block_m], y, cfg.gemm2, interpret)  # fmt: skip
+                  route2, y, cfg.gemm2, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 

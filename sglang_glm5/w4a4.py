@@ -351,7 +351,7 @@ def _run(
     w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
     check_ids: bool = True, num_global_experts: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    from sglang_glm5.moe import _check_ids_in_range, _validate, align_pairs_by_expert, interpreting, sum_over_slots
+    from sglang_glm5.moe import _check_ids_in_range, _validate, interpreting, routes_for, sum_over_slots
 
     num_tokens, hidden, num_experts, inter, top_k = _validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
@@ -380,11 +380,10 @@ def _run(
     xq, xs = _quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
-    route1 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm1.block_m)
+    route1, route2 = routes_for(topk_ids, num_experts, cfg)
     _launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
                   gate_row0, up_row0, emulate_dot)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    route2 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
     _launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
                   y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
