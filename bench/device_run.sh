@@ -31,6 +31,10 @@ fi
 if [[ $STEPS == *sweep* ]]; then
   python3 bench/sweep_configs.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || rc=1
 fi
+if [[ $STEPS == *exp* ]]; then
+  # A one-off experiment script: EXP=bench/exp/NAME.py, given $OUT.
+  python3 "${EXP:?EXP=path of the experiment script}" "$OUT" 2>&1 | tee "$OUT/exp.log" || rc=1
+fi
 if [[ $STEPS == *tune* ]]; then
   # Measured configs for this GPU into the user cache (which the op then reads), copied to $OUT.
   python3 -m sglang_glm5.cli tune --target local --shape ${TUNE_SHAPES:-glm5-ep8} \
@@ -43,7 +47,7 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *profile* ]]; then
   # Hardware counters of the two GEMMs at decode size (Firecracker machines; clocks left alone).
-  ncu --clock-control none --set full -k regex:nvfp4_moe_gemm -c 2 python3 bench/profile_decode.py \
+  ncu --clock-control none ${NCU_SECTIONS:---set full} -k regex:nvfp4_moe_gemm -c 2 python3 bench/profile_decode.py \
     > "$OUT/ncu_decode.txt" 2>&1 || rc=1
   grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Executed Ipc|Issue Slots Busy|Compute \(SM\) Throughput|Mem Busy|Max Bandwidth|Waves Per SM|Shared Memory Configuration Size|Dynamic Shared" \
     "$OUT/ncu_decode.txt" | head -80

@@ -269,13 +269,18 @@ def prune(
     report: TuneReport,
     model_bytes: Callable[[GemmConfig], int],
     compiled_bytes: Callable[[list[GemmConfig]], list[int | str]] | None,
+    floor_bytes: Callable[[GemmConfig], int] | None = None,
 ) -> list[tuple[GemmConfig, int]]:
     """The configs that fit the target's shared memory, with their bytes: the model first (instant),
-    then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting)."""
+    then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting).
+
+    ``model_bytes`` is an upper bound. With the compiler at hand and a lower bound ``floor_bytes``, the
+    model discards only what cannot fit even at the floor, and the compiler rules on the rest."""
     fits_model = []
     for cfg in configs:
         report.candidates += 1
-        if target.fits(model_bytes(cfg)):
+        bound = floor_bytes if (compiled_bytes is not None and floor_bytes is not None) else model_bytes
+        if target.fits(bound(cfg)):
             fits_model.append(cfg)
         else:
             report.pruned_by_model += 1
@@ -301,6 +306,7 @@ def feasible_candidates(
     return prune(
         search_space(bucket), target, report,
         lambda cfg: tiles.model_shared_bytes(kernel, cfg, target), compiled if compile_check else None,
+        lambda cfg: tiles.model_shared_floor(kernel, cfg),
     )  # fmt: skip
 
 

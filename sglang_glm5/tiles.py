@@ -103,6 +103,18 @@ def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     return buffers * stage + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
 
 
+def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
+    """A lower bound on the same: the operand buffers of at least num_stages - 1 pipeline stages.
+
+    Configs between this floor and ``model_shared_bytes`` may or may not fit; the tuner asks the
+    compiler about them instead of discarding them (on Hopper the upper bound is loose: the decoded
+    tile stays in registers there with Triton 3.6, but not with every Triton version).
+    """
+    weights = 2 if kernel == "gemm1" else 1
+    stage = 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
+    return max(cfg.num_stages - 1, 1) * stage
+
+
 def _kernel_fn(kernel: str):
     from sglang_glm5.kernels import nvfp4_moe as k
 

@@ -11,7 +11,7 @@ import torch
 
 from sglang_glm5 import autotune, tiles
 from sglang_glm5.autotune import ConfigCache, Entry, cache_key, gemm_shape, m_bucket
-from sglang_glm5.hardware import TARGETS
+from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.shapes import MoeShape
@@ -214,3 +214,30 @@ def test_offline_tune_stores_feasible_unmeasured_picks():
     for entry in entries.values():
         assert entry.ms is None and SM120.fits(entry.shared_bytes)
         assert entry.as_json()["measured"] is False
+
+
+def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
+    """A tile the conservative model rejects for the H200 (233472 B > 232448 B) but that compiles within
+    the limit is kept for benchmarking; one that cannot fit even at the floor never reaches the compiler."""
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    h200 = resolve("h200")
+    loose, hopeless = GemmConfig(32, 128, 256, 4, 3), GemmConfig(128, 128, 512, 8, 4)
+    assert not h200.fits(tiles.model_shared_bytes("gemm1", loose, h200))
+    assert h200.fits(tiles.model_shared_floor("gemm1", loose))
+    assert not h200.fits(tiles.model_shared_floor("gemm1", hopeless))
+    compiled = []
+
+    def compiler(configs):
+        compiled.extend(configs)
+        return tiles.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
+
+    report = autotune.TuneReport()
+    kept = autotune.prune(
+        [loose, hopeless], h200, report, lambda c: tiles.model_shared_bytes("gemm1", c, h200), compiler,
+        lambda c: tiles.model_shared_floor("gemm1", c),
+    )  # fmt: skip
+    assert compiled == [loose] and report.pruned_by_model == 1
+    assert [cfg for cfg, _ in kept] == [loose] and h200.fits(kept[0][1])
+    # Without the compiler the upper bound decides alone.
+    report = autotune.TuneReport()
+    assert autotune.prune([loose], h200, report, lambda c: tiles.model_shared_bytes("gemm1", c, h200), None) == []
