@@ -86,6 +86,15 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     return MoeConfig(gemm1=cfg, gemm2=cfg)
 
 
+def _stage_bytes(kernel: str, cfg: GemmConfig) -> int:
+    """Operand bytes of one pipeline stage: the 16-bit activation tile and, per weight matrix (gate and up
+    in gemm1), the packed bytes and the e4m3 scales."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    weights = 2 if kernel == "gemm1" else 1
+    return 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
+
+
 def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     """Upper bound on the shared memory of one MoE GEMM kernel.
 
@@ -95,12 +104,8 @@ def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     num_stages - 1 (FACTS.md). On top: the decoded fp16 weight tile (BN x BK x 2) and an fp32-sized
     output tile (BM x BN x 2), either of which may be staged through shared memory for a layout change.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    weights = 2 if kernel == "gemm1" else 1
-    stage = 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
     buffers = cfg.num_stages if target.arch in (90, 100, 103) else max(cfg.num_stages - 1, 1)
-    return buffers * stage + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
+    return buffers * _stage_bytes(kernel, cfg) + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
 
 
 def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
@@ -110,9 +115,7 @@ def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
     compiler about them instead of discarding them (on Hopper the upper bound is loose: the decoded
     tile stays in registers there with Triton 3.6, but not with every Triton version).
     """
-    weights = 2 if kernel == "gemm1" else 1
-    stage = 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
-    return max(cfg.num_stages - 1, 1) * stage
+    return max(cfg.num_stages - 1, 1) * _stage_bytes(kernel, cfg)
 
 
 def _kernel_fn(kernel: str):
