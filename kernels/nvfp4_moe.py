@@ -293,6 +293,10 @@ def nvfp4_moe_gemm1_kernel(
     x_rows = x_ptr + token * stride_xt
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
+    # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
+    # (warning C7515; 3-20% slower depending on the tile, bench/h200/runs/exp_wgmma_serial.json).
+    tl.assume(hidden_size > 0)
     for k0 in range(0, hidden_size, BLOCK_K):
         x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
         acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
@@ -348,6 +352,7 @@ def nvfp4_moe_gemm2_kernel(
 
     h_rows = h_ptr + pair_safe * stride_ht
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    tl.assume(inter_size > 0)  # as in gemm1: no zero-trip path, no serialized wgmma
     for k0 in range(0, inter_size, BLOCK_K):
         h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
         acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)

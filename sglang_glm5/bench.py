@@ -10,6 +10,11 @@ exactly m pairs) it times, with CUDA events (``triton.testing.do_bench``, median
 - ``dequant_grouped_mm``: NVFP4 weights dequantized to bf16 in torch, then the same ``_grouped_mm``:
   the naive NVFP4 path;
 - ``floor``: NVFP4 weight bytes over the device-to-device copy bandwidth measured in the same run.
+
+Up to ``GRAPH_MAX_M`` tokens per expert, ours and the bf16 baseline are also timed replayed from a
+CUDA graph (``triton.testing.do_bench_cudagraph``), as SGLang runs decode: no host launch cost. At
+these sizes an eager call of the op (seven launches) can take longer on the host than on the GPU,
+and then the eager time measures the host.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ class BenchRow:
     ms_dequant: float | None
     ms_floor: float
     rel_err_vs_bf16: float  # ||ours - bf16 path|| / ||bf16 path||
+    ms_nvfp4_graph: float | None = None  # replayed from a CUDA graph (m <= GRAPH_MAX_M)
+    ms_bf16_graph: float | None = None
+
+
+# Tokens per expert up to which the bench also times CUDA-graph replays (decode sizes).
+GRAPH_MAX_M = 128
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
@@ -75,6 +86,17 @@ def _dequant_grouped_mm_moe(dequant_all, x_sorted, offs, inter):
     return _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter)
 
 
+def _graph_ms(fn, name: str) -> float | None:
+    """Median ms per call of ``fn`` replayed from a CUDA graph; None (and a line on stderr) if it cannot be captured."""
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except RuntimeError as e:
+        print(f"bench: {name} could not be captured in a CUDA graph: {e}", file=sys.stderr, flush=True)
+        return None
+
+
 def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = True) -> tuple[list[BenchRow], float]:
     import triton.testing
 
@@ -108,7 +130,9 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
         if i == 0:  # about 2 s of work first, so that the first row is not timed while clocks ramp up
             triton.testing.do_bench(ours, warmup=2000, rep=10)
         t_ours = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
-        t_bf16 = t_deq = None
+        graphs = m <= GRAPH_MAX_M
+        g_ours = _graph_ms(ours, "nvfp4_triton") if graphs else None
+        t_bf16 = t_deq = g_bf16 = None
         err = float("nan")
         if with_baselines:
             order = torch.argsort(ids.reshape(-1), stable=True)
@@ -116,32 +140,36 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
             offs = torch.cumsum(torch.bincount(ids.reshape(-1).long(), minlength=shape.num_experts), 0).to(torch.int32)
             bf16 = partial(_grouped_mm_moe, x_sorted, w13_t, w2_t, offs, shape.inter)
             t_bf16 = triton.testing.do_bench(bf16, warmup=25, rep=200, return_mode="median")
+            g_bf16 = _graph_ms(bf16, "bf16 _grouped_mm") if graphs else None
             naive = partial(_dequant_grouped_mm_moe, dequant_all, x_sorted, offs, shape.inter)
             t_deq = triton.testing.do_bench(naive, warmup=5, rep=50, return_mode="median")
             y = _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, shape.inter).float()
             y = y * weights.reshape(-1)[order, None]
             ref = torch.zeros(tokens, shape.hidden, device="cuda").index_add_(0, order // shape.top_k, y)
             err = ((out.float() - ref).norm() / ref.norm()).item()
-        rows.append(BenchRow(str(shape), m, tokens, t_ours, t_bf16, t_deq, floor_ms, err))
+        rows.append(BenchRow(str(shape), m, tokens, t_ours, t_bf16, t_deq, floor_ms, err, g_ours, g_bf16))
         print(_fmt_row(rows[-1], shape), flush=True)
     return rows, bw
 
 
 HEADER = (
     "| m | T | nvfp4_triton ms | bf16 _grouped_mm ms | dequant+_grouped_mm ms | floor ms | ours/floor "
-    "| bf16/ours | GB/s | TFLOP/s | rel err vs bf16 path |"
+    "| bf16/ours | GB/s | TFLOP/s | rel err vs bf16 path | graph: ours ms | graph: bf16 ms | graph: ours/floor "
+    "| graph: bf16/ours |"
 )
+COLUMNS = 15
 
 
 def _fmt_row(r: BenchRow, shape: MoeShape) -> str:
     flops = 2 * r.m * shape.num_experts * 3 * shape.hidden * shape.inter
     gbps = shape.weight_bytes / (r.ms_nvfp4 * 1e-3) / 1e9
     f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    speedup = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_nvfp4:.2f}x"
+    ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}x"  # noqa: E731
     return (
         f"| {r.m} | {r.tokens} | {r.ms_nvfp4:.3f} | {f(r.ms_bf16)} | {f(r.ms_dequant)} | {r.ms_floor:.3f} "
-        f"| {r.ms_nvfp4 / r.ms_floor:.2f}x | {speedup} | {gbps:.0f} | {flops / (r.ms_nvfp4 * 1e-3) / 1e12:.1f} "
-        f"| {r.rel_err_vs_bf16:.1e} |"
+        f"| {r.ms_nvfp4 / r.ms_floor:.2f}x | {ratio(r.ms_bf16, r.ms_nvfp4)} | {gbps:.0f} "
+        f"| {flops / (r.ms_nvfp4 * 1e-3) / 1e12:.1f} | {r.rel_err_vs_bf16:.1e} | {f(r.ms_nvfp4_graph)} "
+        f"| {f(r.ms_bf16_graph)} | {ratio(r.ms_nvfp4_graph, r.ms_floor)} | {ratio(r.ms_bf16_graph, r.ms_nvfp4_graph)} |"
     )
 
 
@@ -171,7 +199,7 @@ def write_results(out_dir: Path, name: str, shapes_rows: dict[MoeShape, list[Ben
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [f"# {name}", "", *(f"- {k}: `{v}`" for k, v in env.items()), f"- copy bandwidth: {bw / 1e9:.0f} GB/s", ""]
     for s, rows in shapes_rows.items():
-        lines += [f"## {s} (NVFP4 weights {s.weight_bytes / 1e6:.0f} MB)", "", HEADER, "|---" * 11 + "|"]
+        lines += [f"## {s} (NVFP4 weights {s.weight_bytes / 1e6:.0f} MB)", "", HEADER, "|---" * COLUMNS + "|"]
         lines += [_fmt_row(r, s) for r in rows] + [""]
     md = out_dir / f"{name}.md"
     md.write_text("\n".join(lines))

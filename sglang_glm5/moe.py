@@ -60,8 +60,8 @@ def _validate(
     """Returns (T, H, E, I, k) or raises TypeError / ValueError."""
     _check_tensor("hidden_states", hidden_states, ACTIVATION_DTYPES, (None, None))
     num_tokens, hidden = hidden_states.shape
-    if hidden % 32:
-        raise ValueError(f"hidden_states: hidden size H must be a multiple of 32, got {hidden}")
+    if hidden <= 0 or hidden % 32:
+        raise ValueError(f"hidden_states: hidden size H must be a positive multiple of 32, got {hidden}")
     if hidden_states.stride(1) != 1:
         raise ValueError(
             f"hidden_states: rows must be contiguous (stride(1) == 1), got strides {hidden_states.stride()}"
@@ -69,8 +69,8 @@ def _validate(
 
     _check_tensor("w13", w13, (torch.uint8,), (None, None, hidden // 2))
     num_experts, two_i, _ = w13.shape
-    if two_i % 2 or (two_i // 2) % 32:
-        raise ValueError(f"w13: dim 1 must be 2*I with I a multiple of 32, got {two_i}")
+    if two_i <= 0 or two_i % 2 or (two_i // 2) % 32:
+        raise ValueError(f"w13: dim 1 must be 2*I with I a positive multiple of 32, got {two_i}")
     inter = two_i // 2
     _check_tensor("w13_scale", w13_scale, (torch.float8_e4m3fn,), (num_experts, two_i, hidden // 16))
     if not isinstance(w13_scale_2, torch.Tensor) or w13_scale_2.dim() not in (1, 2):

@@ -165,7 +165,10 @@ BAD = [
     ("hidden_states", lambda a: a["hidden_states"].T.contiguous().T, ValueError, "rows must be contiguous"),
     ("hidden_states", lambda a: a["hidden_states"][:, :48].contiguous(), ValueError, "multiple of 32"),
     ("w13", lambda a: a["w13"].view(torch.int8), TypeError, "w13: expected dtype torch.uint8"),
-    ("w13", lambda a: a["w13"][:, :48], ValueError, r"w13: dim 1 must be 2\*I with I a multiple of 32"),
+    ("w13", lambda a: a["w13"][:, :48], ValueError, r"w13: dim 1 must be 2\*I with I a positive multiple of 32"),
+    # empty K dimensions: the kernels' K loops assume at least one step
+    ("hidden_states", lambda a: a["hidden_states"][:, :0], ValueError, "positive multiple of 32, got 0"),
+    ("w13", lambda a: a["w13"][:, :0], ValueError, r"2\*I with I a positive multiple of 32, got 0"),
     ("w13", lambda a: a["w13"].transpose(1, 2).contiguous().transpose(1, 2), ValueError, "w13: must be contiguous"),
     ("w13_scale", lambda a: a["w13_scale"].view(torch.uint8), TypeError, "w13_scale: expected dtype"),
     ("w13_scale", lambda a: a["w13_scale"][:3], ValueError, "w13_scale: expected shape"),
@@ -266,3 +269,37 @@ def test_small_intermediate_values_keep_their_precision(shrink, gen, device):
     got = nvfp4_fused_moe(*(a.to(device) for a in args)).cpu().double()
     err = ((got - want).norm() / want.norm()).item()
     assert err < 1e-2, f"relative error {err:.2e} with gate/up global scales x {shrink}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_replays_from_a_cuda_graph_with_new_inputs(gen, device):
+    # SGLang runs decode from CUDA graphs: the op, called as the plugin calls it (check_ids=False), must
+    # capture (no host synchronization, no host-side data) and a replay must follow new data written
+    # into the captured input tensors.
+    if device.type != "cuda":
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
+    layer = random_layer(8, 256, 128, gen)
+    args = [a.to(device) for a in layer.args()]
+    num_tokens, top_k = 6, 4
+    x = torch.empty(num_tokens, 256, dtype=torch.bfloat16, device=device)
+    weights = torch.empty(num_tokens, top_k, device=device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
+
+    def fill():
+        w, i = random_routing(num_tokens, 8, top_k, gen, remote_fraction=0.25)
+        x.copy_(torch.randn(num_tokens, 256, generator=gen).bfloat16())
+        weights.copy_(w)
+        ids.copy_(i)
+
+    fill()
+    nvfp4_fused_moe(x, *args, weights, ids, check_ids=False)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = nvfp4_fused_moe(x, *args, weights, ids, check_ids=False)
+    for _ in range(2):
+        fill()
+        graph.replay()
+        want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
+        got = out.cpu().double()
+        assert ((got - want).norm() / want.norm()) < 1e-2
