@@ -6,14 +6,39 @@ Grid: (routing blocks, programs per block); program p takes tiles p, p + program
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import _block_pairs, _load_quarters, _nvfp4_dot, _permuted_column, _round_to, _tile_columns
+from sglang_glm5.kernels.nvfp4_moe import (
+    _block_pairs,
+    _load_quarters,
+    _nvfp4_dot,
+    _permuted_column,
+    _round_to,
+    _tile_columns,
+)
 
 
 @triton.jit
 def gemm2_flat_kernel(
-    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr, y_ptr,
-    num_pairs, hidden_size, inter_size, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    h_ptr,
+    w_ptr,
+    ws_ptr,
+    wgs_ptr,
+    topk_weights_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    y_ptr,
+    num_pairs,
+    hidden_size,
+    inter_size,
+    stride_ht,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_yt,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -53,10 +78,31 @@ def gemm2_flat_kernel(
 
 @triton.jit
 def gemm1_flat_kernel(
-    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, h_ptr,
-    num_pairs, top_k, inter_size, hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
-    stride_gse, stride_gsg, stride_ht, gate_row0, up_row0,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    wgs_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    h_ptr,
+    num_pairs,
+    top_k,
+    inter_size,
+    hidden_size,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_gse,
+    stride_gsg,
+    stride_ht,
+    gate_row0,
+    up_row0,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -99,5 +145,6 @@ def gemm1_flat_kernel(
             gate = acc_g * gs_gate
             up = acc_u * gs_up
             hv = gate / (1.0 + tl.exp(-gate)) * up
-            h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+            h_rows = tl.where(row_ok, pair, 0).to(tl.int64)
+            h_ptrs = h_ptr + h_rows[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
             tl.store(h_ptrs, _round_to(hv, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])

@@ -1,7 +1,8 @@
 """Experiment: the shipped GEMM kernels (one N tile per program) against flat_kernels.py (a few programs
-per routing block, each walking several N tiles in one pipelined K loop), each GEMM alone, GLM-5 EP8,
-on the local GPU. Outputs must be bit-identical (same arithmetic, same K order). Writes flat_loop.json
-into the folder given as the first argument."""
+per routing block, each walking several N tiles in one pipelined K loop), each GEMM alone, GLM-5 EP8
+(or the shape in $SHAPE, e.g. glm5-tp8, whose gemm2 has only 256 K columns), on the local GPU. Outputs
+must be bit-identical (same arithmetic, same K order). Writes flat_loop[_SHAPE].json into the folder
+given as the first argument."""
 
 import json
 import os
@@ -23,6 +24,12 @@ from sglang_glm5.tiles import GemmConfig  # noqa: E402
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
 # (m, gemm, tile, programs per routing block to try)
+CASES_TP8 = [
+    (1, "gemm2", (16, 128, 128, 4, 3), (48, 24, 12, 8, 4)),
+    (1, "gemm2", (16, 64, 256, 4, 3), (96, 48, 24, 12, 8)),
+    (16, "gemm2", (16, 128, 128, 4, 3), (48, 24, 12, 8, 4)),
+    (64, "gemm2", (64, 128, 128, 4, 3), (48, 24, 12, 8)),
+]
 CASES = [
     (1, "gemm2", (16, 64, 256, 4, 3), (48, 24, 16, 12, 8)),
     (1, "gemm2", (16, 128, 256, 8, 3), (24, 16, 12, 8)),
@@ -67,7 +74,10 @@ def launch_flat2(h, w2, s2, g2, tw, route, y, cfg, programs):
     )  # fmt: skip
 
 
-shape = parse_shape("glm5-ep8")
+SHAPE = os.environ.get("SHAPE", "glm5-ep8")
+if SHAPE == "glm5-tp8":
+    CASES = CASES_TP8
+shape = parse_shape(SHAPE)
 gen = torch.Generator(device="cuda")
 gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
 layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
@@ -111,4 +121,5 @@ for m, gemm, tile, programs in CASES:
     row["ms_shipped_again"] = t_again
     rows.append(row)
     print(row, flush=True)
-json.dump(rows, open(os.path.join(out_dir, "flat_loop.json"), "w"), indent=1)
+name = "flat_loop.json" if SHAPE == "glm5-ep8" else f"flat_loop_{SHAPE}.json"
+json.dump(rows, open(os.path.join(out_dir, name), "w"), indent=1)

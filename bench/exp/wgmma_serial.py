@@ -79,6 +79,7 @@ for m in (1, 16, 32, 64):
             cfg = GemmConfig(*t)
             route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
             outs, times = {}, {}
+            h = (torch.randn(P, shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()  # gemm2's input
             for name, mod in VARIANTS.items():
                 moe._k = mod
                 if gemm == "gemm1":
@@ -86,7 +87,6 @@ for m in (1, 16, 32, 64):
                     fn = partial(moe._launch_gemm1, xp, w13, s13, g13, route, res, cfg, shape.top_k, 0, shape.inter,
                                  False)  # fmt: skip
                 else:
-                    h = torch.randn(P, shape.inter, generator=gen, device="cuda").bfloat16() * 0.1 if not outs else h
                     res = torch.empty(P, shape.hidden, dtype=x.dtype, device="cuda")
                     fn = partial(moe._launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, res, cfg, False)
                 try:
