@@ -312,6 +312,23 @@ def nvfp4_moe_gemm1_kernel(
 
 
 @triton.jit
+def _gemm2_store(
+    acc,  # [BLOCK_N, BLOCK_M] fp32, W2[e] @ h for one N tile
+    y_ptr,
+    pair_safe,  # [BLOCK_M] int64 pair ids (0 for padding)
+    row_ok,  # [BLOCK_M]
+    offs_n,
+    n_ok,
+    scale,  # [BLOCK_M] fp32: global scale * 2^7 * top-k weight
+    stride_yt,
+    INTERPRETER: tl.constexpr,
+):
+    y_ptrs = y_ptr + pair_safe[None, :] * stride_yt + offs_n[:, None]
+    y = _round_to(acc * scale[None, :], y_ptr.dtype.element_ty, INTERPRETER)
+    tl.store(y_ptrs, y, mask=row_ok[None, :] & n_ok[:, None])
+
+
+@triton.jit
 def nvfp4_moe_gemm2_kernel(
     h_ptr,  # [P, I] bf16/fp16 from gemm1 (permuted K order)
     w_ptr,  # [E, H, I/4] int16, packed e2m1 (the uint8 [E, H, I/2] tensor viewed as int16)
@@ -334,8 +351,13 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
+    TILES_PER_PROGRAM: tl.constexpr,  # N tiles per program (grid axis 1 = cdiv(tiles, this)); see below
     INTERPRETER: tl.constexpr,
 ):
+    """TILES_PER_PROGRAM = 1: program (block, n) computes N tile n. Above 1, for short K loops (I = 256
+    under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in one K loop over
+    (tile, k) steps, so that the weight stream stays pipelined across tiles instead of restarting in
+    a new program every few steps."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -345,23 +367,40 @@ def nvfp4_moe_gemm2_kernel(
 
     pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
-
-    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
-    w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
-    s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
-
     h_rows = h_ptr + pair_safe * stride_ht
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    tl.assume(inter_size > 0)  # as in gemm1: no zero-trip path, no serialized wgmma
-    for k0 in range(0, inter_size, BLOCK_K):
-        h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-
-    gs = tl.load(wgs_ptr + expert) * 128.0  # DECODE_UNSCALE = 2^7
-    route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
-    y = acc * (gs * route_w[None, :])
-    y_ptrs = y_ptr + pair_safe[None, :] * stride_yt + offs_n[:, None]
-    tl.store(y_ptrs, _round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_se
+    # DECODE_UNSCALE = 2^7
+    scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
+    # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
+    tl.assume(inter_size > 0)
+    if TILES_PER_PROGRAM == 1:
+        offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
+        w_rows = w_base + offs_n_safe * stride_wn
+        s_rows = s_base + offs_n_safe * stride_sn
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, inter_size, BLOCK_K):
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+        _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+    else:
+        programs = tl.num_programs(1)
+        k_steps = tl.cdiv(inter_size, BLOCK_K)
+        my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
+        tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for step in range(0, my_tiles * k_steps):
+            kk = step % k_steps
+            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
+            w_rows = w_base + offs_n_safe * stride_wn
+            s_rows = s_base + offs_n_safe * stride_sn
+            if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            k0 = kk * BLOCK_K
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            if kk == k_steps - 1:
+                _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
 
 
 @triton.jit

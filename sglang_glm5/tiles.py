@@ -153,11 +153,20 @@ def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: d
     return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
 
 
-def _compile(kernel: str, cfg: GemmConfig, arch: int):
+def _compile(kernel: str, cfg: GemmConfig, arch: int, tiles_per_program: int = 1):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
     }  # fmt: skip
+    if kernel == "gemm2":
+        consts["TILES_PER_PROGRAM"] = tiles_per_program
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
+
+
+def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
+    """Shared memory of the kernel as it may run: gemm2 has two loop forms (one or several N tiles per
+    program, chosen by the shape at launch) that can differ by a few KB; a config must fit both."""
+    variants = (1, 2) if kernel == "gemm2" else (1,)
+    return max(int(_compile(kernel, cfg, arch, t).metadata.shared) for t in variants)
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
@@ -256,8 +265,11 @@ def _worker() -> None:
     request = json.load(sys.stdin)
     results = []
     for kernel, cfg, arch in request["jobs"]:
-        compiled = _compile(kernel, GemmConfig(**cfg), arch)
-        results.append({"ptx": compiled.asm["ptx"]} if request["asm"] else int(compiled.metadata.shared))
+        cfg = GemmConfig(**cfg)
+        if request["asm"]:
+            results.append({"ptx": _compile(kernel, cfg, arch).asm["ptx"]})
+        else:
+            results.append(_compiled_shared(kernel, cfg, arch))
     json.dump(results, sys.stdout)
 
 

@@ -48,6 +48,10 @@ CASES = [
     Case(11, num_experts=5, hidden=96, inter=160, top_k=3),  # K not a multiple of block_k (masked tail)
     Case(40, top_k=4, config=_cfg(32, 32, 64)),  # an explicit config, N split in several tiles
     Case(40, top_k=4, config=MoeConfig(GemmConfig(16, 64, 64), GemmConfig(64, 128, 128))),  # gemm-specific tiles
+    # gemm2 with two K steps: 4 N tiles per program, 5 tiles over 2 programs (3 and 2): the multi-tile loop
+    Case(13, hidden=160, inter=128, top_k=3, config=_cfg(16, 32, 64)),
+    # gemm2 with 8 K steps: one N tile per program (every other case here has a short K loop)
+    Case(9, hidden=64, inter=512, top_k=2, config=_cfg(16, 32, 64)),
 ]
 
 
