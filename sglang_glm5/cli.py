@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the NVFP4 MoE op against bf16 and dequantize-then-bf16 grouped GEMMs on the local GPU",
         description="For each m (tokens per expert, balanced routing) times nvfp4_fused_moe, torch _grouped_mm on "
         "bf16 weights, and NVFP4 dequantize + _grouped_mm, against the NVFP4 weight-bytes floor at the copy "
-        "bandwidth measured in the same run. Writes NAME.json and NAME.md under --out.",
+        "bandwidth measured in the same run; up to m = 128 also ours and bf16 replayed from CUDA graphs (no host "
+        "launch cost, as SGLang runs decode). Writes NAME.json and NAME.md under --out.",
     )
     p.add_argument("--shape", nargs="+", default=["glm5-ep8", "glm5-tp8"], help="shapes (glm5-ep8 glm5-tp8)")
     p.add_argument("--m", type=int_list, default=list(DEFAULT_M), help="tokens per expert, comma separated")
