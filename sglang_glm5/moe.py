@@ -383,13 +383,14 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
 
 
-def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret):
+def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret, per_program=None):
+    """``per_program``: N tiles per program; None = ``gemm2_tiles_per_program``."""
     num_pairs, hidden = y.shape
     sorted_ids, block_expert = route
     _check_block_k(cfg)
     w2 = w2.view(torch.int16)
     tiles = triton.cdiv(hidden, cfg.block_n)
-    per_program = min(gemm2_tiles_per_program(h.shape[1], cfg), tiles)
+    per_program = min(per_program or gemm2_tiles_per_program(h.shape[1], cfg), tiles)
     grid = (block_expert.numel(), triton.cdiv(tiles, per_program))
     _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,

@@ -307,3 +307,26 @@ def test_replays_from_a_cuda_graph_with_new_inputs(gen, device):
         want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
         got = out.cpu().double()
         assert ((got - want).norm() / want.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("per_program", [2, 3, 8])
+def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, device):
+    # gemm2's multi-tile loop (several N tiles per program, in strides of the program count) does the
+    # same arithmetic in the same K order as one tile per program: bit-identical output, every tile
+    # written once (7 tiles of 32: uneven splits).
+    from sglang_glm5 import moe
+
+    num_experts, hidden, inter, top_k = 4, 224, 128, 2
+    layer = random_layer(num_experts, hidden, inter, gen)
+    weights, ids = random_routing(10, num_experts, top_k, gen)
+    h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
+    cfg = GemmConfig(16, 32, 64)
+    route = moe.align_pairs_by_expert(ids.to(device), num_experts, cfg.block_m)
+    args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
+    outs = []
+    for p in (1, per_program):
+        y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
+        moe._launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=p)
+        outs.append(y.cpu())
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0], outs[1])
