@@ -295,7 +295,7 @@ def nvfp4_moe_gemm1_kernel(
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
     # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
-    # (warning C7515; 3-20% slower depending on the tile, bench/h200/runs/exp_wgmma_serial.json).
+    # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
     tl.assume(hidden_size > 0)
     for k0 in range(0, hidden_size, BLOCK_K):
         x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
@@ -351,10 +351,10 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
-    TILES_PER_PROGRAM: tl.constexpr,  # N tiles per program (grid axis 1 = cdiv(tiles, this)); see below
+    MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
     INTERPRETER: tl.constexpr,
 ):
-    """TILES_PER_PROGRAM = 1: program (block, n) computes N tile n. Above 1, for short K loops (I = 256
+    """Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K loops (I = 256
     under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in one K loop over
     (tile, k) steps, so that the weight stream stays pipelined across tiles instead of restarting in
     a new program every few steps."""
@@ -374,7 +374,7 @@ def nvfp4_moe_gemm2_kernel(
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(inter_size > 0)
-    if TILES_PER_PROGRAM == 1:
+    if not MULTI_TILE:
         offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
         w_rows = w_base + offs_n_safe * stride_wn
         s_rows = s_base + offs_n_safe * stride_sn

@@ -157,7 +157,7 @@ HEADER = (
     "| bf16/ours | GB/s | TFLOP/s | rel err vs bf16 path | graph: ours ms | graph: bf16 ms | graph: ours/floor "
     "| graph: bf16/ours |"
 )
-COLUMNS = 15
+COLUMNS = HEADER.count("|") - 1
 
 
 def _fmt_row(r: BenchRow, shape: MoeShape) -> str:

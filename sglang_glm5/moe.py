@@ -374,23 +374,27 @@ def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gat
 
 
 def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
-    """N tiles per gemm2 program: enough that each program runs at least 8 K steps, when K is short.
+    """N tiles per gemm2 program: as many as fit in 8 K steps (one when a tile alone takes 5 or more).
 
     Measured on the H200 (bench/h200/runs/exp_flat_loop*.json): with I = 256 (GLM-5 TP8: one or two
-    K steps) 4-8 tiles per program made gemm2 8-20% faster; with I = 2048 (EP8: 8-32 steps) one tile
-    per program was 5-10% faster than several.
+    K steps) 4-8 tiles per program made gemm2 5-29% faster; with I = 2048 (EP8: 8-32 steps) one tile
+    per program was 1-9% faster than several.
     """
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
 
 
 def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret, per_program=None):
-    """``per_program``: N tiles per program; None = ``gemm2_tiles_per_program``."""
+    """``per_program``: N tiles per program (>= 1); None = ``gemm2_tiles_per_program``."""
     num_pairs, hidden = y.shape
     sorted_ids, block_expert = route
     _check_block_k(cfg)
     w2 = w2.view(torch.int16)
     tiles = triton.cdiv(hidden, cfg.block_n)
-    per_program = min(per_program or gemm2_tiles_per_program(h.shape[1], cfg), tiles)
+    if per_program is None:
+        per_program = gemm2_tiles_per_program(h.shape[1], cfg)
+    elif per_program < 1:
+        raise ValueError(f"per_program: expected N tiles per program >= 1, got {per_program}")
+    per_program = min(per_program, tiles)
     grid = (block_expert.numel(), triton.cdiv(tiles, per_program))
     _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
@@ -414,7 +418,7 @@ def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmCo
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=h.shape[1] % cfg.block_k == 0,
-        TILES_PER_PROGRAM=per_program,
+        MULTI_TILE=per_program > 1,
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

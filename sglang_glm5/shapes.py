@@ -37,6 +37,6 @@ def parse_shape(text: str) -> MoeShape:
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"shape: expected one of {', '.join(SHAPES)} or 'E,H,I' (three integers), got {text!r}")
     e, h, i = (int(p) for p in parts)
-    if h % 32 or i % 32 or e < 1:
-        raise ValueError(f"shape: H and I must be multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
+    if h < 32 or i < 32 or h % 32 or i % 32 or e < 1:
+        raise ValueError(f"shape: H and I must be positive multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
     return MoeShape(e, h, i)

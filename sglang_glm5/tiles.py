@@ -21,8 +21,9 @@ from sglang_glm5.hardware import GpuTarget
 
 KERNELS = ("gemm1", "gemm2")
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
-# configs tuned for the old ones meaningless (2: weights as the left operand, inline-PTX decode).
-KERNEL_REVISION = 2
+# configs tuned for the old ones meaningless or unsafe (2: weights as the left operand, inline-PTX
+# decode; 3: gemm2 may walk several N tiles per program, which can take 2 KB more shared memory).
+KERNEL_REVISION = 3
 
 
 @dataclass(frozen=True)
@@ -153,20 +154,20 @@ def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: d
     return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
 
 
-def _compile(kernel: str, cfg: GemmConfig, arch: int, tiles_per_program: int = 1):
+def _compile(kernel: str, cfg: GemmConfig, arch: int, multi_tile: bool = False):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
     }  # fmt: skip
     if kernel == "gemm2":
-        consts["TILES_PER_PROGRAM"] = tiles_per_program
+        consts["MULTI_TILE"] = multi_tile
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     """Shared memory of the kernel as it may run: gemm2 has two loop forms (one or several N tiles per
     program, chosen by the shape at launch) that can differ by a few KB; a config must fit both."""
-    variants = (1, 2) if kernel == "gemm2" else (1,)
-    return max(int(_compile(kernel, cfg, arch, t).metadata.shared) for t in variants)
+    variants = (False, True) if kernel == "gemm2" else (False,)
+    return max(int(_compile(kernel, cfg, arch, multi).metadata.shared) for multi in variants)
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:

@@ -52,6 +52,8 @@ CASES = [
     Case(13, hidden=160, inter=128, top_k=3, config=_cfg(16, 32, 64)),
     # gemm2 with 8 K steps: one N tile per program (every other case here has a short K loop)
     Case(9, hidden=64, inter=512, top_k=2, config=_cfg(16, 32, 64)),
+    # one N tile per program with a masked K tail (544 = 8.5 steps of 64)
+    Case(7, num_experts=5, hidden=96, inter=544, top_k=2, config=_cfg(16, 32, 64)),
 ]
 
 
@@ -330,3 +332,14 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, de
         outs.append(y.cpu())
     assert not outs[0].isnan().any()
     assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="per_program: expected N tiles per program >= 1, got 0"):
+        moe._launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=0)
+
+
+@pytest.mark.parametrize("text", ["8,0,128", "8,256,0", "0,256,128", "8,48,128"])
+def test_shapes_without_a_k_step_are_refused(text):
+    # The kernels assume every K loop runs at least once: a layer shape with H or I = 0 is an error.
+    from sglang_glm5.shapes import parse_shape
+
+    with pytest.raises(ValueError, match="positive multiples of 32"):
+        parse_shape(text)

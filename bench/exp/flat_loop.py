@@ -1,5 +1,5 @@
-"""Experiment: gemm2 with one N tile per program against several (the kernel's TILES_PER_PROGRAM), each
-alone, on the local GPU, for the layer shape in $SHAPE (glm5-ep8 or glm5-tp8). Outputs must be
+"""Experiment: gemm2 with one N tile per program against several (``moe._launch_gemm2``'s per_program),
+each alone, on the local GPU, for the layer shape in $SHAPE (glm5-ep8 or glm5-tp8). Outputs must be
 bit-identical (same arithmetic, same K order). Writes flat_loop[_SHAPE].json into the folder given as
 the first argument.
 
