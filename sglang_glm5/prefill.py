@@ -19,10 +19,10 @@ of E * 2I * H * 2 bytes (1.6 GB for the GLM-5 EP8 layer), reused for w2. Taken b
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
+
+from sglang_glm5.shapes import tokens_per_expert_from_env
 
 ENV_MIN_TOKENS = "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS"
 # Tokens per expert from which this path beats the W4A16 kernels on an H200 (bench/README.md).
@@ -39,16 +39,8 @@ def available(device: torch.device) -> bool:
 def min_tokens() -> float:
     """The switch-over point in tokens per expert; ``SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS`` overrides it
     (0 = always, a huge value = never)."""
-    raw = os.environ.get(ENV_MIN_TOKENS, "").strip()
-    if not raw:
-        return DEFAULT_MIN_TOKENS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_MIN_TOKENS}: expected a number of tokens per expert, got {raw!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise ValueError(f"{ENV_MIN_TOKENS}: expected a number >= 0, got {raw!r}")
-    return value
+    value = tokens_per_expert_from_env(ENV_MIN_TOKENS, allow_inf=True)
+    return DEFAULT_MIN_TOKENS if value is None else value
 
 
 def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 
@@ -40,3 +42,18 @@ def parse_shape(text: str) -> MoeShape:
     if h < 32 or i < 32 or h % 32 or i % 32 or e < 1:
         raise ValueError(f"shape: H and I must be positive multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
     return MoeShape(e, h, i)
+
+
+def tokens_per_expert_from_env(name: str, *, allow_inf: bool) -> float | None:
+    """Environment variable ``name`` as a number of tokens per expert (>= 0; infinity only where
+    ``allow_inf``), None when unset or empty. Anything else is a ValueError naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or (math.isinf(value) and not allow_inf):  # not >= 0 also rejects nan
+        raise ValueError(f"{name}: expected a number of tokens per expert >= 0, got {text!r}")
+    return value

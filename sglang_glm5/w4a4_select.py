@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from pathlib import Path
 import torch
 
 from sglang_glm5._files import cache_dir, read_json, update_json
+from sglang_glm5.shapes import tokens_per_expert_from_env
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 log = logging.getLogger("sglang_glm5.w4a4")
@@ -278,16 +278,7 @@ def write_record(
 
 def min_tokens_from_env() -> float | None:
     """$SGLANG_GLM5_W4A4_MIN_TOKENS as a number of tokens per expert, None when unset."""
-    text = os.environ.get(MIN_TOKENS_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"{MIN_TOKENS_ENV}: expected a number of tokens per expert >= 0, got {text!r}")
-    return value
+    return tokens_per_expert_from_env(MIN_TOKENS_ENV, allow_inf=False)
 
 
 def _shape_tuple(shape) -> tuple[int, int, int]:
