@@ -244,6 +244,16 @@ def _permuted_column(n):
 
 
 @triton.jit
+def _split_range(K, k_per_split, SPLIT_K: tl.constexpr):
+    """[k_begin, k_end) of this program's K slice (grid axis 2 when SPLIT_K, else all of K)."""
+    if SPLIT_K:
+        k_begin = tl.program_id(2) * k_per_split
+        return k_begin, tl.minimum(k_begin + k_per_split, K)
+    else:
+        return 0, K
+
+
+@triton.jit
 def nvfp4_moe_gemm1_kernel(
     x_ptr,  # [T, H] bf16/fp16, prepared activations (permuted K order)
     w_ptr,  # [E, 2I, H/4] int16, packed e2m1 (the uint8 [E, 2I, H/2] tensor viewed as int16)
@@ -251,11 +261,15 @@ def nvfp4_moe_gemm1_kernel(
     wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
+    used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
+    part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
+    counter_ptr,  # [num_blocks, N tiles] int32, zero on entry (SPLITS > 1), else unused
     h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,
     inter_size,  # I
     hidden_size,  # H (the K of this GEMM)
+    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1)
     stride_xt,
     stride_we,
     stride_wn,
@@ -270,45 +284,70 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
+    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; the last program of a tile to finish adds them
     INTERPRETER: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    """Grid (block programs, N tiles, K splits). Block program b walks the used routing blocks
+    b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
+    bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
+    partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
+    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     pid_n = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:
-        return
-    expert = expert.to(tl.int64)
-
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-    token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
-
+    used_blocks = tl.load(used_blocks_ptr)
     offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
-    w_base = w_ptr + expert * stride_we
-    s_base = ws_ptr + expert * stride_se
-    wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
-    wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
-    sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
-    su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
+    k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
+    for pid_m in range(tl.program_id(0), used_blocks, tl.num_programs(0)):
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+        pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+        token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
-    x_rows = x_ptr + token * stride_xt
-    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
-    # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
-    # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
-    tl.assume(hidden_size > 0)
-    for k0 in range(0, hidden_size, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        w_base = w_ptr + expert * stride_we
+        s_base = ws_ptr + expert * stride_se
+        wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
+        wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
+        sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
+        su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
 
-    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
-    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
-    gate = acc_g * gs_gate
-    up = acc_u * gs_up
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    h_ptrs = h_ptr + tl.where(row_ok, pair, 0).to(tl.int64)[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
-    tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+        x_rows = x_ptr + token * stride_xt
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
+        # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
+        # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
+        tl.assume(k_end > k_begin)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+
+        last = True
+        if SPLITS > 1:
+            # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
+            split_stride = num_pairs * 2 * inter_size
+            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
+            mask = row_ok[None, :] & n_ok[:, None]
+            tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
+            tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
+            tl.debug_barrier()  # every thread's partials are written before the counter says so
+            arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
+            last = arrived == SPLITS - 1
+            if last:
+                # Unrolled, so that all SPLITS loads are in flight together; added in split order.
+                acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for split in tl.static_range(SPLITS):
+                    acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+                    acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+        if last:
+            gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
+            gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
+            gate = acc_g * gs_gate
+            up = acc_u * gs_up
+            h = gate / (1.0 + tl.exp(-gate)) * up
+            h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+            tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
@@ -337,10 +376,12 @@ def nvfp4_moe_gemm2_kernel(
     topk_weights_ptr,  # [P] fp32, flattened [T, k]
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32, -1 = no work
-    y_ptr,  # [P, H] out, dtype of the hidden states
+    used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
+    y_ptr,  # [P, H] out, dtype of the hidden states; with SPLITS > 1 [SPLITS, P, H] fp32 partials
     num_pairs,
     hidden_size,  # H (the N of this GEMM)
     inter_size,  # I (the K of this GEMM)
+    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1)
     stride_ht,
     stride_we,
     stride_wn,
@@ -352,73 +393,78 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
     MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
+    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; moe_sum_kernel adds the fp32 partials in split order
     INTERPRETER: tl.constexpr,
 ):
-    """Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K loops (I = 256
-    under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in one K loop over
-    (tile, k) steps, so that the weight stream stays pipelined across tiles instead of restarting in
-    a new program every few steps."""
-    pid_m = tl.program_id(0)
+    """Grid (block programs, N tiles or tile groups, K splits); block programs walk the used routing
+    blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
+    loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
+    one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
+    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     pid_n = tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m)
-    if expert < 0:
-        return
-    expert = expert.to(tl.int64)
-
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
-    h_rows = h_ptr + pair_safe * stride_ht
-    w_base = w_ptr + expert * stride_we
-    s_base = ws_ptr + expert * stride_se
-    # DECODE_UNSCALE = 2^7
-    scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
-    # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
-    tl.assume(inter_size > 0)
-    if not MULTI_TILE:
-        offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
-        w_rows = w_base + offs_n_safe * stride_wn
-        s_rows = s_base + offs_n_safe * stride_sn
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, inter_size, BLOCK_K):
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-        _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
-    else:
-        programs = tl.num_programs(1)
-        k_steps = tl.cdiv(inter_size, BLOCK_K)
-        my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
-        tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for step in range(0, my_tiles * k_steps):
-            kk = step % k_steps
-            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
+    used_blocks = tl.load(used_blocks_ptr)
+    k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1)
+    if SPLITS > 1:
+        y_ptr += tl.program_id(2).to(tl.int64) * num_pairs * stride_yt
+    for pid_m in range(tl.program_id(0), used_blocks, tl.num_programs(0)):
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+        pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+        h_rows = h_ptr + pair_safe * stride_ht
+        w_base = w_ptr + expert * stride_we
+        s_base = ws_ptr + expert * stride_se
+        # DECODE_UNSCALE = 2^7
+        scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
+        # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
+        tl.assume(k_end > k_begin)
+        if not MULTI_TILE:
+            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
             w_rows = w_base + offs_n_safe * stride_wn
             s_rows = s_base + offs_n_safe * stride_sn
-            if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
-                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            k0 = kk * BLOCK_K
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            if kk == k_steps - 1:
-                _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k0 in range(k_begin, k_end, BLOCK_K):
+                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+                acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+        else:
+            programs = tl.num_programs(1)
+            k_steps = tl.cdiv(inter_size, BLOCK_K)
+            my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
+            tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for step in range(0, my_tiles * k_steps):
+                kk = step % k_steps
+                offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
+                w_rows = w_base + offs_n_safe * stride_wn
+                s_rows = s_base + offs_n_safe * stride_sn
+                if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
+                    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                k0 = kk * BLOCK_K
+                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+                acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+                if kk == k_steps - 1:
+                    _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
 
 
 @triton.jit
 def moe_sum_kernel(
-    y_ptr,  # [rows, H] per-pair outputs (rows of invalid slots are never read)
+    y_ptr,  # [splits, rows, H] per-pair outputs (rows of invalid slots are never read)
     topk_ids_ptr,  # [T * k] int32/int64, valid when 0 <= id < num_experts
     row_map_ptr,  # [T * k] int32 row of y holding pair p (HAS_ROW_MAP), else y's row p is pair p
     out_ptr,  # [T, H]
     hidden_size,
     num_experts,
+    stride_ys,  # between the splits of y (SPLITS > 1)
     stride_yt,
     stride_ot,
     TOP_K: tl.constexpr,
+    SPLITS: tl.constexpr,  # K splits of gemm2 to add (1: y holds finished rows)
     BLOCK_H: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
-    """out[t] = sum of y over the valid slots of token t, in fp32, slots in order (deterministic)."""
+    """out[t] = sum of y over the valid slots of token t (and over the splits), in fp32, slots and then
+    splits in order (deterministic)."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < hidden_size
@@ -429,46 +475,43 @@ def moe_sum_kernel(
         row = t * TOP_K + j
         if HAS_ROW_MAP:
             row = tl.load(row_map_ptr + row, mask=valid, other=0).to(tl.int64)
-        y = tl.load(y_ptr + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
-        acc += y.to(tl.float32)
+        for split in tl.static_range(SPLITS):
+            y = tl.load(y_ptr + split * stride_ys + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
+            acc += y.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, _round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 
 
 @triton.jit
-def moe_align_count_kernel(
+def moe_align_kernel(
     topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
-    counts_ptr,  # [E] int32 out: pairs per expert
-    num_pairs,
-    BLOCK: tl.constexpr,
-):
-    """Program e counts the pairs routed to local expert e."""
-    e = tl.program_id(0)
-    total = tl.zeros((BLOCK,), dtype=tl.int32)
-    for start in range(0, num_pairs, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        total += (ids == e).to(tl.int32)
-    tl.store(counts_ptr + e, tl.sum(total, axis=0))
-
-
-@triton.jit
-def moe_align_place_kernel(
-    topk_ids_ptr,  # [P] int32/int64
-    counts_ptr,  # [E] int32, from moe_align_count_kernel
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out: pair ids by expert, P = padding
     block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
+    used_blocks_ptr,  # [1] int32 out: blocks 0 .. used - 1 hold pairs
+    zero_ptr,  # [num_zero] int32 out: set to 0 (the split-K counters of the GEMMs that follow)
     num_pairs,
     num_experts,
     num_blocks,
+    num_zero,
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,  # power of two >= num_experts
     BLOCK: tl.constexpr,
 ):
-    """Program e < E writes expert e's pairs (in pair order), its padding and its block experts;
-    program E marks the unused tail blocks."""
+    """One launch, E + 1 programs. Each counts the pairs of every expert (a histogram of the ids);
+    program e < E then writes expert e's pairs (in pair order), its padding and its block experts;
+    program E marks the unused tail blocks and writes the number of used blocks. All of them share
+    zeroing ``zero_ptr``."""
     e = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for start in range(e * BLOCK, num_zero, programs * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        ok = (ids >= 0) & (ids < num_experts)
+        counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
     offs_e = tl.arange(0, E_PAD)
-    counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
     if e < num_experts:
@@ -490,6 +533,7 @@ def moe_align_place_kernel(
             offs = start + tl.arange(0, BLOCK)
             tl.store(block_expert_ptr + first_block + offs, e, mask=offs < my_blocks)
     else:
+        tl.store(used_blocks_ptr, first_block)
         for start in range(first_block, num_blocks, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)

@@ -238,18 +238,18 @@ def kernel_bencher(shape: MoeShape, seed: int):
             h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
             inputs[bucket] = (moe.prepare_activations(x), moe.prepare_activations(h), weights, ids)
         x, h, weights, ids = inputs[bucket]
-        route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
+        route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
         turn = iter(range(1 << 62))
 
         def launch():
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
                 out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
-                moe._launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
+                moe.launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
                                   0, shape.inter, False)  # fmt: skip
             else:
                 out = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
-                moe._launch_gemm2(h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route, out,
+                moe.launch_gemm2(h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route, out,
                                   cfg, False)  # fmt: skip
 
         return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")

@@ -16,14 +16,18 @@ The torch reference with the same signature is ``sglang_glm5.reference.nvfp4_fus
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 
 from sglang_glm5 import prefill
 from sglang_glm5.kernels import nvfp4_moe as _k
-from sglang_glm5.tiles import GemmConfig, MoeConfig, heuristic_config
+from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, heuristic_config
 
 W13_ORDERS = ("gate_up", "up_gate")
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -122,37 +126,56 @@ def _check_ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> None:
 # Routing: (token, slot) pairs sorted by expert into blocks of block_m, without a host sync.
 
 
-def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert.
+class Route(NamedTuple):
+    """(token, slot) pairs sorted by expert into blocks of block_m pairs that share an expert."""
 
-    Returns (sorted_ids [num_blocks * block_m] int32, block_expert [num_blocks] int32). Pair ids in a
-    block are in increasing order; slots past an expert's count hold P (padding). Blocks past the
-    last used one get expert -1; ids outside [0, E) are dropped. num_blocks is the upper bound
-    floor((P + E * (block_m - 1)) / block_m) + 1, so sizes never depend on the ids' values: two
-    launches, no host synchronization (CUDA-graph safe). The torch reference is
-    ``sglang_glm5.reference.align_pairs_by_expert_reference``.
+    sorted_ids: torch.Tensor  # [num_blocks * block_m] int32 pair ids; P = padding
+    block_expert: torch.Tensor  # [num_blocks] int32 expert of each block; -1 = unused
+    used_blocks: torch.Tensor  # [1] int32: blocks 0 .. used - 1 hold pairs, the rest are unused
+
+
+def num_blocks_bound(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on the routing blocks: at most min(P, E) experts hold pairs, each wasting at most
+    block_m - 1 slots of its last block; one more block so that the bound is never zero."""
+    return (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
+
+
+def route_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int, zero: torch.Tensor | None = None) -> Route:
+    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
+
+    Pair ids in a block are in increasing order; slots past an expert's count hold P (padding).
+    Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
+    is ``num_blocks_bound``, so sizes never depend on the ids' values: no host synchronization
+    (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters).
+    The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
-    num_blocks = (num_pairs + num_experts * (block_m - 1)) // block_m + 1
-    counts = torch.empty(num_experts, dtype=torch.int32, device=ids.device)
+    num_blocks = num_blocks_bound(num_pairs, num_experts, block_m)
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
-    block = 1024
-    _k.moe_align_count_kernel[(num_experts,)](topk_ids_ptr=ids, counts_ptr=counts, num_pairs=num_pairs, BLOCK=block)
-    _k.moe_align_place_kernel[(num_experts + 1,)](
+    used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
+    _k.moe_align_kernel[(num_experts + 1,)](
         topk_ids_ptr=ids,
-        counts_ptr=counts,
         sorted_ids_ptr=sorted_ids,
         block_expert_ptr=block_expert,
+        used_blocks_ptr=used_blocks,
+        zero_ptr=used_blocks if zero is None else zero,
         num_pairs=num_pairs,
         num_experts=num_experts,
         num_blocks=num_blocks,
+        num_zero=0 if zero is None else zero.numel(),
         BLOCK_M=block_m,
-        E_PAD=triton.next_power_of_2(num_experts),
-        BLOCK=block,
+        E_PAD=max(16, triton.next_power_of_2(num_experts)),
+        BLOCK=1024,
     )
-    return sorted_ids, block_expert
+    return Route(sorted_ids, block_expert, used_blocks)
+
+
+def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_ids, block_expert) of ``route_pairs``, for kernels that launch a program per block."""
+    route = route_pairs(topk_ids, num_experts, block_m)
+    return route.sorted_ids, route.block_expert
 
 
 def routes_for(topk_ids: torch.Tensor, num_experts: int, cfg: MoeConfig) -> tuple[tuple, tuple]:
@@ -161,6 +184,68 @@ def routes_for(topk_ids: torch.Tensor, num_experts: int, cfg: MoeConfig) -> tupl
     if cfg.gemm2.block_m == cfg.gemm1.block_m:
         return route1, route1
     return route1, align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
+
+
+# ---------------------------------------------------------------------------------------------
+# How many programs: at decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so
+# the programs of the active blocks alone cannot fill the GPU; the K loop is then split.
+
+
+# Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
+PROGRAMS_PER_SM = 2
+
+
+@functools.cache
+def sm_count(device_index: int | None) -> int:
+    """SMs of a CUDA device; 8 for the interpreter (a small GPU, so that tests exercise split-K)."""
+    if device_index is None:
+        return 8
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, block_m: int) -> float:
+    """Routing blocks a call is expected to use, with the pairs spread uniformly over all experts:
+    the local experts that receive a pair, plus the blocks their pairs fill."""
+    local_pairs = num_pairs * num_experts / num_global_experts
+    active = num_experts * (1.0 - (1.0 - 1.0 / num_global_experts) ** num_pairs)
+    return active + local_pairs / block_m
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits."""
+
+    block_programs: int
+    splits: int
+    k_per_split: int  # K elements per split, a multiple of block_k
+
+
+def plan_launch(
+    k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
+    split: bool = True,
+) -> Launch:  # fmt: skip
+    """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
+    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make PROGRAMS_PER_SM per SM.
+
+    Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
+    routing costs a second pass of a few programs rather than a launch sized for the worst case.
+    """
+    work = max(1.0, blocks_expected) * n_programs
+    want = (cfg.split_k or math.ceil(PROGRAMS_PER_SM * sms / work)) if split else 1
+    programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
+    return Launch(programs, *k_splits(k_size, cfg.block_k, want))
+
+
+def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
+    """(splits, K elements per split) for at most ``want`` splits (and MAX_SPLITS) of whole K steps, none empty."""
+    steps = triton.cdiv(k_size, block_k)
+    per_split = triton.cdiv(steps, max(1, min(steps, want, MAX_SPLITS)))
+    return triton.cdiv(steps, per_split), per_split * block_k
+
+
+def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
+    if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
+        raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,16 +356,40 @@ def nvfp4_fused_moe(
             inter=inter, gate_row0=gate_row0, out=out,
         )  # fmt: skip
     cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, hidden_states.device)
+    device = hidden_states.device
+    sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
+    num_global = num_global_experts or num_experts
 
-    route1, route2 = routes_for(topk_ids, num_experts, cfg)
+    def blocks(gemm: GemmConfig) -> tuple[int, float]:
+        bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
+        return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global, gemm.block_m))
+
+    launch1 = plan_launch(hidden, cfg.gemm1, triton.cdiv(inter, cfg.gemm1.block_n), *blocks(cfg.gemm1), sms)
+    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
+    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
+    while per_program > 1 and blocks(cfg.gemm2)[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+        per_program //= 2  # few blocks: keep the programs that fill the GPU
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks(cfg.gemm2), sms,
+                          split=per_program == 1)  # fmt: skip
+
+    counters = None
+    if launch1.splits > 1:
+        tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
+        counters = torch.empty(num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m) * tiles1,
+                               dtype=torch.int32, device=device)  # fmt: skip
+    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters)
+    route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
 
     xp = prepare_activations(hidden_states)
-    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=hidden_states.device)
-    _launch_gemm1(xp, w13, w13_scale, gs13, route1, h, cfg.gemm1, top_k,
-                  gate_row0, up_row0, interpret)  # fmt: skip
-    y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
-    _launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
-                  route2, y, cfg.gemm2, interpret)  # fmt: skip
+    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
+    launch_gemm1(xp, w13, w13_scale, gs13, route1, h, cfg.gemm1, top_k, gate_row0, up_row0, interpret,
+                 launch=launch1, counters=counters)  # fmt: skip
+    if launch2.splits > 1:
+        y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
+    else:
+        y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
+    launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
+                 route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
@@ -310,10 +419,12 @@ def sum_over_slots(
 ) -> None:
     """out[t] = sum of y[row of pair t * k + j] over the slots j with a local expert (fp32, deterministic).
 
-    The row of pair p is p, or row_map[p] ([T * k] int32) when given.
+    The row of pair p is p, or row_map[p] ([T * k] int32) when given. A 3-d y [splits, rows, H] holds
+    gemm2's split-K partials, added too (slots, then splits, in order).
     """
     num_tokens, hidden = out.shape
     block_h = 1024
+    splits = y.shape[0] if y.dim() == 3 else 1
     _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y_ptr=y,
         topk_ids_ptr=topk_ids,
@@ -321,9 +432,11 @@ def sum_over_slots(
         out_ptr=out,
         hidden_size=hidden,
         num_experts=num_experts,
-        stride_yt=y.stride(0),
+        stride_ys=y.stride(0) if splits > 1 else 0,
+        stride_yt=y.stride(-2),
         stride_ot=out.stride(0),
         TOP_K=topk_ids.shape[1],
+        SPLITS=splits,
         BLOCK_H=block_h,
         HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,
@@ -335,24 +448,45 @@ def _check_block_k(cfg: GemmConfig) -> None:
         raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
 
 
-def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret):
+def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
+    """One block program per possible block, no split: the grid of a launch that was not planned."""
+    return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
+
+
+def launch_gemm1(
+    x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
+    *, launch: Launch | None = None, counters: torch.Tensor | None = None,
+):  # fmt: skip
+    """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
+    needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``)."""
     num_pairs, inter = h.shape
-    sorted_ids, block_expert = route
     _check_block_k(cfg)
+    launch = launch or _whole_grid(route, cfg, x.shape[1])
+    _check_launch(launch, cfg, x.shape[1])
+    tiles = triton.cdiv(inter, cfg.block_n)
+    split = launch.splits > 1
+    part = None
+    if split:
+        if counters is None or counters.numel() < route.block_expert.numel() * tiles:
+            raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
+        part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
-    grid = (block_expert.numel(), triton.cdiv(inter, cfg.block_n))
-    _k.nvfp4_moe_gemm1_kernel[grid](
+    _k.nvfp4_moe_gemm1_kernel[(launch.block_programs, tiles, launch.splits)](
         x_ptr=x,
         w_ptr=w13,
         ws_ptr=w13_scale.view(torch.uint8),
         wgs_ptr=gs13,
-        sorted_ids_ptr=sorted_ids,
-        block_expert_ptr=block_expert,
+        sorted_ids_ptr=route.sorted_ids,
+        block_expert_ptr=route.block_expert,
+        used_blocks_ptr=route.used_blocks,
+        part_ptr=part if split else h,
+        counter_ptr=counters if split else route.used_blocks,
         h_ptr=h,
         num_pairs=num_pairs,
         top_k=top_k,
         inter_size=inter,
         hidden_size=x.shape[1],
+        k_per_split=launch.k_per_split,
         stride_xt=x.stride(0),
         stride_we=w13.stride(0),
         stride_wn=w13.stride(1),
@@ -367,6 +501,7 @@ def _launch_gemm1(x, w13, w13_scale, gs13, route, h, cfg: GemmConfig, top_k, gat
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=x.shape[1] % cfg.block_k == 0,
+        SPLITS=launch.splits,
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -383,10 +518,15 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
 
 
-def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig, interpret, per_program=None):
-    """``per_program``: N tiles per program (>= 1); None = ``gemm2_tiles_per_program``."""
-    num_pairs, hidden = y.shape
-    sorted_ids, block_expert = route
+def launch_gemm2(
+    h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
+    per_program=None, *, launch: Launch | None = None,
+):  # fmt: skip
+    """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
+    partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
+    None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other."""
+    hidden = y.shape[-1]
+    num_pairs = h.shape[0]
     _check_block_k(cfg)
     w2 = w2.view(torch.int16)
     tiles = triton.cdiv(hidden, cfg.block_n)
@@ -395,30 +535,40 @@ def _launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmCo
     elif per_program < 1:
         raise ValueError(f"per_program: expected N tiles per program >= 1, got {per_program}")
     per_program = min(per_program, tiles)
-    grid = (block_expert.numel(), triton.cdiv(tiles, per_program))
-    _k.nvfp4_moe_gemm2_kernel[grid](
+    launch = launch or _whole_grid(route, cfg, h.shape[1])
+    _check_launch(launch, cfg, h.shape[1])
+    split = launch.splits > 1
+    if split and per_program > 1:
+        raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
+    want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
+    if tuple(y.shape) != want or (split and y.dtype != torch.float32):
+        raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
+    _k.nvfp4_moe_gemm2_kernel[(launch.block_programs, triton.cdiv(tiles, per_program), launch.splits)](
         h_ptr=h,
         w_ptr=w2,
         ws_ptr=w2_scale.view(torch.uint8),
         wgs_ptr=gs2,
         topk_weights_ptr=topk_weights_flat,
-        sorted_ids_ptr=sorted_ids,
-        block_expert_ptr=block_expert,
+        sorted_ids_ptr=route.sorted_ids,
+        block_expert_ptr=route.block_expert,
+        used_blocks_ptr=route.used_blocks,
         y_ptr=y,
         num_pairs=num_pairs,
         hidden_size=hidden,
         inter_size=h.shape[1],
+        k_per_split=launch.k_per_split,
         stride_ht=h.stride(0),
         stride_we=w2.stride(0),
         stride_wn=w2.stride(1),
         stride_se=w2_scale.stride(0),
         stride_sn=w2_scale.stride(1),
-        stride_yt=y.stride(0),
+        stride_yt=y.stride(-2),
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
+        SPLITS=launch.splits,
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

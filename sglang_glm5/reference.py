@@ -59,7 +59,7 @@ def align_pairs_by_expert_reference(
     Returns (sorted_ids [num_blocks * block_m] int32, block_expert [num_blocks] int32). Pair ids in a
     block are in increasing order; slots past an expert's count hold P (padding). Blocks past the
     last used one, and ids outside [0, E), get expert -1. num_blocks is the upper bound
-    floor((P + E * (block_m - 1)) / block_m) + 1, so the sizes never depend on the ids' values.
+    floor((P + min(P, E) * (block_m - 1)) / block_m) + 1, so the sizes never depend on the ids' values.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
@@ -71,7 +71,7 @@ def align_pairs_by_expert_reference(
     blocks_per_expert = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks_per_expert, 0)  # [E], in blocks
     pair_start = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
-    num_blocks = (num_pairs + num_experts * (block_m - 1)) // block_m + 1
+    num_blocks = (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
 
     order = torch.argsort(key, stable=True)
     sorted_key = key[order]

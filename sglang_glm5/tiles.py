@@ -24,6 +24,8 @@ KERNELS = ("gemm1", "gemm2")
 # configs tuned for the old ones meaningless or unsafe (2: weights as the left operand, inline-PTX
 # decode; 3: gemm2 may walk several N tiles per program, which can take 2 KB more shared memory).
 KERNEL_REVISION = 3
+# K splits a GEMM may use at decode (the last program of a gemm1 tile adds them, unrolled).
+MAX_SPLITS = 32
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class GemmConfig:
     block_k: int  # reduction step, in unpacked elements (a multiple of 32)
     num_warps: int = 4
     num_stages: int = 2
+    split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (moe.plan_launch), else this many
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -47,19 +50,25 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"GemmConfig.num_stages must be in 1..8, got {self.num_stages}")
+        if not 0 <= self.split_k <= MAX_SPLITS:
+            raise ValueError(f"GemmConfig.split_k must be in 0..{MAX_SPLITS} (0 = chosen per call), got {self.split_k}")
 
     @property
     def label(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}"
+        split = f"-k{self.split_k}" if self.split_k else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}"
 
     def as_dict(self) -> dict[str, int]:
-        return {
+        d = {
             "block_m": self.block_m,
             "block_n": self.block_n,
             "block_k": self.block_k,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
         }
+        if self.split_k:
+            d["split_k"] = self.split_k
+        return d
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,8 @@ def _kernel_fn(kernel: str):
 # Pointer arguments and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {
     "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
-    "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+    "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
+    "part_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
 _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
@@ -154,20 +164,31 @@ def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: d
     return triton.compile(src, target=TritonTarget("cuda", arch, 32), options=options)
 
 
-def _compile(kernel: str, cfg: GemmConfig, arch: int, multi_tile: bool = False):
+# The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
+# gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
+# differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
+# (the number of splits changes the unrolled reduction, held in registers, not the shared memory).
+FORMS = {
+    "gemm1": ({"SPLITS": 1}, {"SPLITS": 2}),
+    "gemm2": (
+        {"MULTI_TILE": False, "SPLITS": 1},
+        {"MULTI_TILE": True, "SPLITS": 1},
+        {"MULTI_TILE": False, "SPLITS": 2},
+    ),
+}
+
+
+def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
     }  # fmt: skip
-    if kernel == "gemm2":
-        consts["MULTI_TILE"] = multi_tile
+    consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
-    """Shared memory of the kernel as it may run: gemm2 has two loop forms (one or several N tiles per
-    program, chosen by the shape at launch) that can differ by a few KB; a config must fit both."""
-    variants = (False, True) if kernel == "gemm2" else (False,)
-    return max(int(_compile(kernel, cfg, arch, multi).metadata.shared) for multi in variants)
+    """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
+    return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in FORMS[kernel])
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:

@@ -323,17 +323,17 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, de
     weights, ids = random_routing(10, num_experts, top_k, gen)
     h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
     cfg = GemmConfig(16, 32, 64)
-    route = moe.align_pairs_by_expert(ids.to(device), num_experts, cfg.block_m)
+    route = moe.route_pairs(ids.to(device), num_experts, cfg.block_m)
     args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
     outs = []
     for p in (1, per_program):
         y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
-        moe._launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=p)
+        moe.launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=p)
         outs.append(y.cpu())
     assert not outs[0].isnan().any()
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="per_program: expected N tiles per program >= 1, got 0"):
-        moe._launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=0)
+        moe.launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=0)
 
 
 @pytest.mark.parametrize("text", ["8,0,128", "8,256,0", "0,256,128", "8,48,128"])

@@ -1,4 +1,4 @@
-"""Experiment: gemm2 with one N tile per program against several (``moe._launch_gemm2``'s per_program),
+"""Experiment: gemm2 with one N tile per program against several (``moe.launch_gemm2``'s per_program),
 each alone, on the local GPU, for the layer shape in $SHAPE (glm5-ep8 or glm5-tp8). Outputs must be
 bit-identical (same arithmetic, same K order). Writes flat_loop[_SHAPE].json into the folder given as
 the first argument.
@@ -55,12 +55,12 @@ for m, tile, per_program in CASES[SHAPE]:
     weights, ids, _ = _balanced_routing(shape, m, gen)
     h = (torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()
     cfg = GemmConfig(*tile)
-    route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
+    route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
     args = (h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1).contiguous(), route)
     outs, row = {}, dict(m=m, gemm="gemm2", cfg=cfg.label, ms={})
     for p in per_program:
         y = torch.empty(ids.numel(), shape.hidden, dtype=h.dtype, device="cuda")
-        fn = partial(moe._launch_gemm2, *args, y, cfg, False, per_program=p)
+        fn = partial(moe.launch_gemm2, *args, y, cfg, False, per_program=p)
         fn()
         torch.cuda.synchronize()
         outs[p] = y

@@ -31,10 +31,10 @@ for m in (1, 16, 32):
     P = ids.numel()
     bm = 16 if m <= 16 else 32
     fused = GemmConfig(bm, 128, 256, 4, 3)
-    route = moe.align_pairs_by_expert(ids, shape.num_experts, bm)
+    route = moe.route_pairs(ids, shape.num_experts, bm)
     h = torch.empty(P, shape.inter, dtype=x.dtype, device="cuda")
     t = triton.testing.do_bench(
-        partial(moe._launch_gemm1, xp, w13, s13, g13, route, h, fused, shape.top_k, 0, shape.inter, False),
+        partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, fused, shape.top_k, 0, shape.inter, False),
         warmup=10,
         rep=60,
         return_mode="median",
@@ -54,7 +54,7 @@ for m in (1, 16, 32):
         GemmConfig(bm, 128, 128, 4, 4),
     ):
         try:
-            fn = partial(moe._launch_gemm2, xpairs, w13, s13, g13_one, ones, route, y, cfg, False)
+            fn = partial(moe.launch_gemm2, xpairs, w13, s13, g13_one, ones, route, y, cfg, False)
             fn()
             torch.cuda.synchronize()
             t = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")

@@ -77,18 +77,18 @@ for m in (1, 16, 32, 64):
     for gemm in ("gemm1", "gemm2"):
         for t in TILES[gemm][m]:
             cfg = GemmConfig(*t)
-            route = moe.align_pairs_by_expert(ids, shape.num_experts, cfg.block_m)
+            route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
             outs, times = {}, {}
             h = (torch.randn(P, shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()  # gemm2's input
             for name, mod in VARIANTS.items():
                 moe._k = mod
                 if gemm == "gemm1":
                     res = torch.empty(P, shape.inter, dtype=x.dtype, device="cuda")
-                    fn = partial(moe._launch_gemm1, xp, w13, s13, g13, route, res, cfg, shape.top_k, 0, shape.inter,
+                    fn = partial(moe.launch_gemm1, xp, w13, s13, g13, route, res, cfg, shape.top_k, 0, shape.inter,
                                  False)  # fmt: skip
                 else:
                     res = torch.empty(P, shape.hidden, dtype=x.dtype, device="cuda")
-                    fn = partial(moe._launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, res, cfg, False)
+                    fn = partial(moe.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, res, cfg, False)
                 try:
                     fn()
                     torch.cuda.synchronize()

@@ -1,0 +1,238 @@
+"""Decode at real routing: the op timed on the expert ids a GLM-5 rank actually sees.
+
+GLM-5 sends each token to 8 of 256 experts (top-8 of a softmax over router logits). Under 8-way
+expert parallelism (EP8) rank 0 holds experts 0-31 and sees the other slots as -1; under 8-way tensor
+parallelism (TP8) every expert is local with I = 256. With B tokens in a step, a rank under EP8 gets
+about B / 4 local slots over min(32, B / 4) experts: at B = 1-16 only 1-4 experts are active.
+
+For each B this times, replayed from a CUDA graph (how SGLang runs decode; eager for prefill sizes):
+
+- ours: ``sglang_glm5.moe.nvfp4_fused_moe`` as the SGLang plugin calls it (``check_ids=False``,
+  ``num_global_experts=256``);
+- bf16: torch ``_grouped_mm`` with bf16 weights on the same local slots, pairs already sorted;
+- floor: the NVFP4 bytes of the experts the step touches, over the device copy bandwidth measured in
+  the same run.
+
+Each timed graph runs ``ROUTINGS`` different routings (fresh logits) over ``COPIES`` copies of the
+layer in turn, so that the weights a step touches are not already in L2 from the step before (in a
+model every layer has its own weights). Times are per call: the graph's median over the routings.
+
+This module needs only torch, triton and ``nvfp4_fused_moe``/``testing.random_layer`` of the package,
+so that ``bench/exp`` can run it against an older revision of the op in the same session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+GLOBAL_EXPERTS = 256
+TOP_K = 8
+ROUTED_SCALING = 2.5
+ROUTINGS = 16  # routings per timed graph
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_BATCHES = (2048, 8192)
+GRAPH_MAX_B = 256
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str  # "ep8" or "tp8"
+    num_experts: int  # local experts
+    hidden: int
+    inter: int
+    first_expert: int  # global id of local expert 0
+
+    @property
+    def expert_bytes(self) -> int:
+        """NVFP4 bytes of one expert: packed weights, e4m3 scales (one per 16), three fp32 global scales."""
+        elems = 3 * self.hidden * self.inter
+        return elems // 2 + elems // 16 + 12
+
+
+LAYOUTS = {
+    "ep8": Layout("ep8", 32, 6144, 2048, 0),
+    "tp8": Layout("tp8", 256, 6144, 256, 0),
+}
+
+
+def real_routing(
+    batch: int, layout: Layout, gen: torch.Generator, skew: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [B, 8] fp32, topk_ids [B, 8] int32 local ids, -1 for other ranks' experts).
+
+    Top-8 of a softmax over 256 router logits; ``skew`` > 0 adds a fixed per-expert bias of that
+    standard deviation (popular experts), drawn from the same generator once per call.
+    """
+    device = gen.device
+    logits = torch.randn(batch, GLOBAL_EXPERTS, generator=gen, device=device)
+    if skew:
+        logits = logits + skew * torch.randn(GLOBAL_EXPERTS, generator=gen, device=device)
+    probs = torch.softmax(logits, dim=-1)
+    top_p, top_i = torch.topk(probs, TOP_K, dim=-1)
+    weights = top_p / top_p.sum(-1, keepdim=True) * ROUTED_SCALING
+    local = top_i - layout.first_expert
+    ids = torch.where((local >= 0) & (local < layout.num_experts), local, -1).to(torch.int32)
+    return weights.float(), ids
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    import triton.testing
+
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+@dataclass
+class Row:
+    layout: str
+    skew: float
+    batch: int
+    local_slots: float  # mean over the routings
+    active_experts: float
+    ms_ours: float
+    ms_bf16: float | None
+    ms_floor: float
+    graph: bool
+    rel_err_vs_bf16: float
+
+
+def _time(fn, graph: bool, calls: int) -> float:
+    """Median ms per call of ``fn`` (which makes ``calls`` calls), from a CUDA graph replay or eagerly."""
+    import triton.testing
+
+    if not graph:
+        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / calls
+    fn()  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median") / calls
+
+
+def run(
+    layout: Layout, batches, seed: int, *, skew: float = 0.0, copies: int = 2, baselines: bool = True, op_kwargs=None
+) -> list[Row]:
+    from sglang_glm5 import nvfp4
+    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.testing import random_layer
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    bw = copy_bandwidth()
+    layers = [random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda") for _ in range(copies)]
+
+    def dequant(layer):
+        e, inter = layout.num_experts, layout.inter
+        g13 = layer.w13_scale_2.reshape(e, -1)
+        w13 = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0, torch.float32)
+        w13[:, :inter] *= g13[:, :1, None]
+        w13[:, inter:] *= g13[:, -1:, None]
+        w2 = nvfp4.dequantize(layer.w2, layer.w2_scale, 1.0, torch.float32) * layer.w2_scale_2[:, None, None]
+        return w13.bfloat16().transpose(1, 2).contiguous(), w2.bfloat16().transpose(1, 2).contiguous()
+
+    bf16_layers = [dequant(layers[0])] if baselines else []
+    rows = []
+    for batch in batches:
+        graph = batch <= GRAPH_MAX_B
+        n = ROUTINGS if graph else 1
+        inputs = []
+        for _ in range(n):
+            weights, ids = real_routing(batch, layout, gen, skew)
+            x = torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16()
+            inputs.append((x, weights, ids))
+        kwargs = {"check_ids": False, "num_global_experts": GLOBAL_EXPERTS, **(op_kwargs or {})}
+
+        def ours(inputs=inputs, kwargs=kwargs):
+            for i, (x, weights, ids) in enumerate(inputs):
+                nvfp4_fused_moe(x, *layers[i % copies].args(), weights, ids, **kwargs)
+
+        ms_ours = _time(ours, graph, n)
+        touched = [int(torch.unique(ids[ids >= 0]).numel()) for _, _, ids in inputs]
+        slots = [int((ids >= 0).sum()) for _, _, ids in inputs]
+        floor = sum(touched) / n * layout.expert_bytes / bw * 1e3
+        ms_bf16, err = None, float("nan")
+        if baselines:
+            sorted_inputs = []
+            for x, weights, ids in inputs:
+                flat = ids.reshape(-1).long()
+                keep = torch.nonzero(flat >= 0).squeeze(1)
+                order = keep[torch.argsort(flat[keep], stable=True)]
+                counts = torch.bincount(flat[keep], minlength=layout.num_experts)
+                offs = torch.cumsum(counts, 0).to(torch.int32)
+                sorted_inputs.append((x[order // TOP_K].contiguous(), offs, order, weights))
+            w13_t, w2_t = bf16_layers[0]
+
+            def bf16_once(xs, offs, w13_t=w13_t, w2_t=w2_t):
+                gu = torch._grouped_mm(xs, w13_t, offs=offs)
+                h = torch.nn.functional.silu(gu[:, : layout.inter]) * gu[:, layout.inter :]
+                return torch._grouped_mm(h, w2_t, offs=offs)
+
+            def bf16(sorted_inputs=sorted_inputs):
+                for xs, offs, _, _ in sorted_inputs:
+                    bf16_once(xs, offs)
+
+            ms_bf16 = _time(bf16, graph, n)
+            # The op on layer copy 0 against the bf16 path on the same weights.
+            x, weights, ids = inputs[0]
+            xs, offs, order, _ = sorted_inputs[0]
+            got = nvfp4_fused_moe(x, *layers[0].args(), weights, ids, **kwargs).float()
+            y = bf16_once(xs, offs).float() * weights.reshape(-1)[order, None]
+            ref = torch.zeros(batch, layout.hidden, device="cuda").index_add_(0, order // TOP_K, y)
+            err = (
+                ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item() if ref.norm() > 0 else float(got.abs().max())
+            )
+        rows.append(
+            Row(layout.name, skew, batch, sum(slots) / n, sum(touched) / n, ms_ours, ms_bf16, floor, graph, err)
+        )
+        print(fmt(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = (
+    "| layout | skew | B | local slots | active experts | ours ms | bf16 _grouped_mm ms | floor ms | floor / ours "
+    "| bf16 / ours | rel err vs bf16 | timed |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def fmt(r: Row) -> str:
+    bf16 = "-" if r.ms_bf16 is None else f"{r.ms_bf16:.4f}"
+    ratio = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_ours:.2f}x"
+    return (
+        f"| {r.layout} | {r.skew:g} | {r.batch} | {r.local_slots:.1f} | {r.active_experts:.1f} | {r.ms_ours:.4f} "
+        f"| {bf16} | {r.ms_floor:.4f} | {r.ms_floor / r.ms_ours:.0%} | {ratio} | {r.rel_err_vs_bf16:.1e} "
+        f"| {'graph' if r.graph else 'eager'} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layout", nargs="+", default=["ep8", "tp8"], choices=sorted(LAYOUTS))
+    p.add_argument("--batch", default=",".join(map(str, BATCHES + PREFILL_BATCHES)), help="tokens per step, B")
+    p.add_argument("--skew", type=float, nargs="+", default=[0.0], help="per-expert logit bias spread (0 = uniform)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batch.split(",")]
+    rows = []
+    for name in args.layout:
+        for skew in args.skew:
+            print(f"{name}, skew {skew}\n{HEADER}", flush=True)
+            rows += run(LAYOUTS[name], batches, args.seed, skew=skew, baselines=not args.no_baselines)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

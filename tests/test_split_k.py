@@ -1,0 +1,186 @@
+"""Split-K and the block-program loop of the W4A16 kernels: decode with few active experts.
+
+At decode a rank under expert parallelism sees a handful of active experts, so the op splits the K
+loop of each GEMM over several programs (``moe.plan_launch``) and sizes the grid for the blocks it
+expects rather than for the upper bound. These tests pin the results against the float64 reference,
+bit-identity across runs, and that a split result does not depend on which program finishes last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from sglang_glm5 import moe
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    num_tokens: int
+    active: int  # distinct local experts that receive pairs; every other slot is -1 (another rank)
+    num_experts: int = 8
+    hidden: int = 512
+    inter: int = 256
+    top_k: int = 4
+
+
+CASES = [
+    Case(1, active=1),  # EP decode at concurrency 1: one local expert, the rest of the slots remote
+    Case(2, active=2),  # two tokens on two experts
+    Case(5, active=8),  # every local expert active, some slots remote
+    Case(3, active=1, hidden=544, inter=160),  # masked K tails in both GEMMs (544 = 4.25 steps of 128)
+]
+
+
+def _routing(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    weights, _ = random_routing(case.num_tokens, case.num_experts, case.top_k, gen)
+    experts = torch.randperm(case.num_experts, generator=gen)[: case.active]
+    ids = torch.full((case.num_tokens, case.top_k), -1, dtype=torch.int32)
+    for t in range(case.num_tokens):  # each token: one to top_k of the active experts, distinct
+        n = int(torch.randint(1, min(case.top_k, case.active) + 1, (1,), generator=gen))
+        pick = experts[torch.randperm(case.active, generator=gen)[:n]]
+        slots = torch.randperm(case.top_k, generator=gen)[:n]
+        ids[t, slots] = pick.to(torch.int32)
+    return weights, ids
+
+
+def _inputs(case: Case, gen: torch.Generator, device: torch.device):
+    layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
+    x = torch.randn(case.num_tokens, case.hidden, generator=gen).bfloat16()
+    weights, ids = _routing(case, gen)
+    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    return layer, x, weights, ids, want, [a.to(device) for a in (x, *layer.args(), weights, ids)]
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.cpu().double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c.num_tokens}-active{c.active}-H{c.hidden}-I{c.inter}")
+def test_op_with_few_active_experts_matches_float64_reference(case, gen, device):
+    _, _, _, ids, want, args = _inputs(case, gen, device)
+    sms = moe.sm_count(None if device.type == "cpu" else device.index or 0)
+    cfg = moe.heuristic_config(1)
+    bound = moe.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
+    # As under 8-way expert parallelism: the op expects few local blocks from T * k / (8 E) pairs.
+    expected = moe.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
+    launch = moe.plan_launch(case.hidden, cfg.gemm1, -(-case.inter // cfg.gemm1.block_n), bound, min(bound, expected),
+                             sms)  # fmt: skip
+    if device.type == "cpu":
+        assert launch.splits > 1, "the interpreter's small GPU should make the op split gemm1's K"
+    out = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    assert torch.isfinite(out).all()
+    assert _rel(out, want) < 1e-2
+    again = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    assert torch.equal(out, again), "the same call twice must give the same bits"
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, device):
+    # gemm1 split in K: the last program of a tile adds the fp32 partials in split order; gemm2 split in
+    # K: fp32 partials that sum_over_slots adds. Each against the unsplit launch (close: the fp32 sums
+    # are grouped differently) and against itself (identical bits).
+    case = Case(3, active=2, hidden=640, inter=384)
+    layer, x, weights, ids, _, _ = _inputs(case, gen, device)
+    cfg = GemmConfig(16, 64, 64)
+    w13, s13, g13, w2, s2, g2 = (t.to(device) for t in layer.args())
+    ids_d = ids.to(device)
+    xp = moe.prepare_activations(x.to(device))
+    tiles1 = -(-case.inter // cfg.block_n)
+
+    def gemm1(n: int) -> torch.Tensor:
+        bound = moe.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
+        counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
+        route = moe.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
+        launch = moe.Launch(1, *moe.k_splits(case.hidden, cfg.block_k, n))
+        h = torch.full((ids.numel(), case.inter), float("nan"), dtype=torch.bfloat16, device=device)
+        moe.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, moe.interpreting(),
+                         launch=launch if n > 1 else None, counters=counters)  # fmt: skip
+        return h
+
+    def gemm2(n: int, h: torch.Tensor) -> torch.Tensor:
+        route = moe.route_pairs(ids_d, case.num_experts, cfg.block_m)
+        launch = moe.Launch(2, *moe.k_splits(case.inter, cfg.block_k, n))
+        n = launch.splits
+        shape = (n, ids.numel(), case.hidden) if n > 1 else (ids.numel(), case.hidden)
+        y = torch.full(shape, float("nan"), dtype=torch.float32 if n > 1 else torch.bfloat16, device=device)
+        moe.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg, moe.interpreting(),
+                         per_program=1, launch=launch)  # fmt: skip
+        out = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)
+        moe.sum_over_slots(y, ids_d, out, case.num_experts, moe.interpreting())
+        return out
+
+    valid = (ids.reshape(-1) >= 0).to(device)
+    h1, hs = gemm1(1), gemm1(splits)
+    assert not h1[valid].isnan().any() and not hs[valid].isnan().any(), "every local pair's row is written"
+    assert _rel(hs[valid], h1[valid].cpu().double()) < 1e-2
+    assert torch.equal(hs[valid], gemm1(splits)[valid])
+    o1, os_ = gemm2(1, h1), gemm2(splits, h1)
+    assert _rel(os_, o1.cpu().double()) < 1e-2
+    assert torch.equal(os_, gemm2(splits, h1))
+    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    assert _rel(gemm2(splits, hs), want) < 1e-2
+
+
+def test_plan_splits_only_when_the_blocks_leave_programs_idle():
+    # 132 SMs, K = 6144 in steps of 256 (24 steps), 32 N tiles: one active block splits, 64 blocks do not.
+    cfg = GemmConfig(16, 128, 256)
+    few = moe.plan_launch(6144, cfg, 32, blocks_bound=9, blocks_expected=1.0, sms=132)
+    many = moe.plan_launch(6144, cfg, 32, blocks_bound=96, blocks_expected=64.0, sms=132)
+    assert few.splits > 1 and few.k_per_split % 256 == 0 and few.splits * few.k_per_split >= 6144
+    assert (few.splits - 1) * few.k_per_split < 6144, "no split is empty"
+    assert many.splits == 1 and many.block_programs == 96
+    assert few.block_programs == 4, "twice the expected blocks and two more, within the bound"
+    assert moe.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
+    fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
+    assert moe.plan_launch(6144, fixed, 32, 96, 64.0, 132) == moe.Launch(96, 5, 1280)
+    assert moe.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
+
+
+def test_a_launch_with_an_empty_split_is_refused(gen, device):
+    layer = random_layer(4, 256, 128, gen)
+    weights, ids = random_routing(2, 4, 2, gen)
+    cfg = GemmConfig(16, 64, 64)
+    route = moe.route_pairs(ids.to(device), 4, cfg.block_m)
+    y = torch.empty(3, ids.numel(), 256, device=device)
+    h = torch.randn(ids.numel(), 128, generator=gen).bfloat16().to(device)
+    with pytest.raises(ValueError, match="leaves a K split empty"):  # K = 128: two steps, not three
+        moe.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
+                         moe.interpreting(), per_program=1, launch=moe.Launch(1, 3, 64))  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replays_with_one_expert_then_all(gen, device):
+    # A graph captured with one routing must stay right when the next step's routing is very different:
+    # the grid and the splits are fixed at capture, the blocks in use come from the device.
+    if device.type != "cuda":
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
+    case = Case(4, active=1, num_experts=8, hidden=1024, inter=512)
+    layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
+    args = [a.to(device) for a in layer.args()]
+    x = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)
+    weights = torch.empty(case.num_tokens, case.top_k, device=device)
+    ids = torch.empty(case.num_tokens, case.top_k, dtype=torch.int32, device=device)
+
+    def fill(active: int):
+        w, i = _routing(Case(case.num_tokens, active, case.num_experts, case.hidden, case.inter), gen)
+        x.copy_(torch.randn(case.num_tokens, case.hidden, generator=gen).bfloat16())
+        weights.copy_(w)
+        ids.copy_(i)
+
+    fill(1)
+    moe.nvfp4_fused_moe(x, *args, weights, ids, check_ids=False, num_global_experts=64)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.nvfp4_fused_moe(x, *args, weights, ids, check_ids=False, num_global_experts=64)
+    for active in (1, 8, 1):
+        fill(active)
+        graph.replay()
+        want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
+        assert _rel(out, want) < 1e-2, f"{active} active experts"
