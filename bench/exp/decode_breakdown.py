@@ -2,7 +2,8 @@
 
 For EP8 and TP8 at a few batch sizes (sglang_glm5.bench_real routing), times the op from a CUDA graph
 (per call, over 16 routings) and, under the torch profiler, each kernel's device time, for variants:
-the defaults; other programs per SM (how far the K loop is split); a few explicit tiles. Usage: python bench/exp/decode_breakdown.py OUT_DIR
+the defaults; other programs per SM (how far the K loop is split); a few explicit tiles.
+Usage: python bench/exp/decode_breakdown.py OUT_DIR
 """
 
 import json
