@@ -263,7 +263,7 @@ def nvfp4_moe_gemm1_kernel(
     block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
     used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
     part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
-    counter_ptr,  # [num_blocks, N tiles] int32, zero on entry (SPLITS > 1), else unused
+    counter_ptr,  # [num_blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1), else unused
     h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,
@@ -333,6 +333,7 @@ def nvfp4_moe_gemm1_kernel(
             arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
             last = arrived == SPLITS - 1
             if last:
+                tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
                 # Unrolled, so that all SPLITS loads are in flight together; added in split order.
                 acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                 acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

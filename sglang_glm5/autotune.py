@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 
@@ -34,6 +35,12 @@ log = logging.getLogger("sglang_glm5.autotune")
 MAX_BUCKET = 4096
 
 
+# Decode under expert parallelism has fewer tokens than experts: GLM-5 at B tokens per step has
+# B * 8 / 256 tokens per expert, so B = 1 .. 16 tokens per step are the buckets 1/32 .. 1/2.
+MIN_BUCKET = Fraction(1, 32)
+Bucket = int | Fraction
+
+
 def m_bucket(tokens_per_expert: float) -> int:
     """The smallest power of two >= tokens per expert, within [1, MAX_BUCKET]."""
     b = 1
@@ -42,10 +49,29 @@ def m_bucket(tokens_per_expert: float) -> int:
     return b
 
 
-def tune_buckets(tokens_per_expert: Iterable[float]) -> list[int]:
-    """The buckets to tune for these tokens per expert: ``m_bucket`` of each, deduplicated, ascending.
+def bucket_of(tokens_per_expert: float) -> Bucket:
+    """``m_bucket``, extended below 1 to the powers of two down to MIN_BUCKET (a Fraction): the W4A16
+    cache keeps decode picks for fewer tokens than experts apart, where few experts are active."""
+    if tokens_per_expert > Fraction(1, 2):
+        return m_bucket(tokens_per_expert)
+    b = Fraction(1, 2)
+    while b / 2 >= tokens_per_expert and b > MIN_BUCKET:
+        b /= 2
+    return b
+
+
+def parse_bucket(text: str) -> Bucket:
+    """'16' -> 16, '1/32' -> Fraction(1, 32): the ``m=`` field of a cache key, or a --batch-sizes value."""
+    value = Fraction(text.strip())
+    if value <= 0:
+        raise ValueError(f"expected a positive number of tokens per expert, got {text!r}")
+    return int(value) if value.denominator == 1 else value
+
+
+def tune_buckets(tokens_per_expert: Iterable[float]) -> list[Bucket]:
+    """The buckets to tune for these tokens per expert: ``bucket_of`` each, deduplicated, ascending.
     Lookups read bucket keys only, so an entry stored under m=100 would never be read."""
-    return sorted({m_bucket(m) for m in tokens_per_expert})
+    return sorted({bucket_of(m) for m in tokens_per_expert})
 
 
 def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
@@ -60,7 +86,7 @@ def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
 NEAREST_OCTAVES = 2
 
 
-def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: int) -> str:
+def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> str:
     """The entry's key; ``KERNEL_REVISION`` in it retires entries tuned for an earlier kernel design."""
     e, n, k = enk
     return f"{target.name}|sm_{target.arch}|{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
@@ -174,7 +200,7 @@ class ConfigCache:
     def lookup(self, shape: MoeShape, tokens_per_expert: float) -> MoeConfig:
         """The bucket's entry per GEMM; else the entry of the nearest tuned bucket at most
         ``NEAREST_OCTAVES`` powers of two away (ties go to the larger); else the heuristic."""
-        bucket = m_bucket(tokens_per_expert)
+        bucket = bucket_of(tokens_per_expert)
         memo_key = (shape.num_experts, shape.hidden, shape.inter, bucket)
         cfg = self._memo.get(memo_key)
         if cfg is None:
@@ -187,11 +213,11 @@ class ConfigCache:
             self._memo[memo_key] = cfg
         return cfg
 
-    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: int) -> Entry | None:
+    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
         near = [bucket]
         for step in range(1, NEAREST_OCTAVES + 1):
-            near += [bucket << step] + ([bucket >> step] if bucket >> step else [])
-        for b in near:
+            near += [bucket * 2**step] + ([Fraction(bucket, 2**step)] if bucket / 2**step >= MIN_BUCKET else [])
+        for b in (int(b) if b >= 1 else b for b in near):
             entry = self.entries.get(cache_key(self.target, kernel, enk, b))
             if entry is not None:
                 return entry
@@ -223,7 +249,7 @@ def store(path: Path, target: GpuTarget, items: dict[str, Entry]) -> None:
 # The tuner.
 
 
-def search_space(bucket: int) -> list[GemmConfig]:
+def search_space(bucket: Bucket) -> list[GemmConfig]:
     """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes.
 
     block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
@@ -260,7 +286,7 @@ class TuneReport:
         )
 
 
-Bench = Callable[[str, GemmConfig, int], float]  # (kernel, config, bucket) -> median ms
+Bench = Callable[[str, GemmConfig, Bucket], float]  # (kernel, config, bucket) -> median ms
 
 
 def prune(
@@ -296,7 +322,7 @@ def prune(
 
 
 def feasible_candidates(
-    kernel: str, bucket: int, target: GpuTarget, report: TuneReport, compile_check: bool = True
+    kernel: str, bucket: Bucket, target: GpuTarget, report: TuneReport, compile_check: bool = True
 ) -> list[tuple[GemmConfig, int]]:
     """W4A16 candidates that fit the target, with their shared bytes (compiled, else modelled)."""
 
@@ -326,7 +352,7 @@ class TuneSpace:
 def run_tuner(
     space: TuneSpace,
     target: GpuTarget,
-    buckets: Iterable[int],
+    buckets: Iterable[Bucket],
     bench: Bench | None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Entry], TuneReport]:
@@ -388,7 +414,7 @@ def run_tuner(
 def tune(
     target: GpuTarget,
     shape: MoeShape,
-    buckets: Iterable[int],
+    buckets: Iterable[Bucket],
     bench: Bench | None,
     *,
     progress: Callable[[str], None] | None = None,

@@ -215,43 +215,78 @@ def rotating_layers(shape: MoeShape, gen: torch.Generator) -> list:
     return [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
 
 
-def kernel_bencher(shape: MoeShape, seed: int):
-    """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU.
+# Up to this bucket of tokens per expert (GLM-5 EP8/TP8: B = 256 tokens per step) the tuner times
+# candidates on real routing (``bench_real.real_routing``: top-k of a softmax over all experts, other
+# ranks' slots -1); above it every expert is busy anyway and the routing is balanced.
+REAL_ROUTING_MAX_BUCKET = 8
+TUNE_ROUTINGS = 8  # routings per timed graph in the tuner
 
-    Inputs rotate over enough copies of the layer's weights to exceed twice the L2 cache, so a
-    small shape is not timed out of L2. Routing is balanced: every local expert gets m pairs.
+
+def kernel_bencher(shape: MoeShape, seed: int):
+    """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU, replayed from a
+    CUDA graph (decode runs from graphs) of TUNE_ROUTINGS launches, each on its own routing and copy of
+    the layer. The copies exceed twice the L2 cache, so a small shape is not timed out of L2. The grid
+    (K splits, block programs) is the op's own for that call (``moe.plan_gemms``).
     """
     import triton.testing
 
-    from sglang_glm5 import moe
+    from sglang_glm5 import bench_real, moe
+    from sglang_glm5.tiles import MoeConfig
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     layers = rotating_layers(shape, gen)
-    copies = len(layers)
-    inputs: dict[int, tuple] = {}
+    sms = moe.sm_count(torch.cuda.current_device())
+    layout = bench_real.Layout("tune", shape.num_experts, shape.hidden, shape.inter, 0)
+    inputs: dict = {}
 
-    def bench(kernel: str, cfg, bucket: int) -> float:
+    def routings(bucket) -> list:
         if bucket not in inputs:
-            weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
-            x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
-            h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
-            inputs[bucket] = (moe.prepare_activations(x), moe.prepare_activations(h), weights, ids)
-        x, h, weights, ids = inputs[bucket]
-        route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
-        turn = iter(range(1 << 62))
+            calls = []
+            for _ in range(TUNE_ROUTINGS):
+                if bucket <= REAL_ROUTING_MAX_BUCKET:
+                    tokens = max(1, round(bucket * shape.all_experts / shape.top_k))
+                    weights, ids = bench_real.real_routing(tokens, layout, gen, 0.0, shape.all_experts, shape.top_k)
+                else:
+                    weights, ids, tokens = _balanced_routing(shape, max(int(bucket), shape.top_k), gen)
+                x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
+                h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
+                calls.append((moe.prepare_activations(x), moe.prepare_activations(h), weights, ids))
+            inputs[bucket] = calls
+        return inputs[bucket]
 
-        def launch():
-            layer = layers[next(turn) % copies]
+    def bench(kernel: str, cfg, bucket) -> float:
+        launches = []
+        for i, (x, h, weights, ids) in enumerate(routings(bucket)):
+            layer = layers[i % len(layers)]
+            plan = moe.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
+                                  shape.hidden, shape.inter, sms)  # fmt: skip
+            counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device="cuda")  # kept zero by gemm1
+            route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
             if kernel == "gemm1":
                 out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
-                moe.launch_gemm1(x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
-                                  0, shape.inter, False)  # fmt: skip
+                launches.append(partial(
+                    moe.launch_gemm1, x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
+                    0, shape.inter, False, launch=plan.gemm1, counters=counters,
+                ))  # fmt: skip
             else:
-                out = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
-                moe.launch_gemm2(h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route, out,
-                                  cfg, False)  # fmt: skip
+                split = plan.gemm2.splits
+                size = (split, ids.numel(), shape.hidden) if split > 1 else (ids.numel(), shape.hidden)
+                out = torch.empty(size, dtype=torch.float32 if split > 1 else torch.bfloat16, device="cuda")
+                launches.append(partial(
+                    moe.launch_gemm2, h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route,
+                    out, cfg, False, plan.per_program, launch=plan.gemm2,
+                ))  # fmt: skip
 
-        return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")
+        def run_all():
+            for launch in launches:
+                launch()
+
+        run_all()  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_all()
+        return triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median") / len(launches)
 
     return bench

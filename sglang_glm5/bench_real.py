@@ -62,19 +62,24 @@ LAYOUTS = {
 
 
 def real_routing(
-    batch: int, layout: Layout, gen: torch.Generator, skew: float = 0.0
+    batch: int,
+    layout: Layout,
+    gen: torch.Generator,
+    skew: float = 0.0,
+    global_experts: int = GLOBAL_EXPERTS,
+    top_k: int = TOP_K,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights [B, 8] fp32, topk_ids [B, 8] int32 local ids, -1 for other ranks' experts).
+    """(topk_weights [B, k] fp32, topk_ids [B, k] int32 local ids, -1 for other ranks' experts).
 
-    Top-8 of a softmax over 256 router logits; ``skew`` > 0 adds a fixed per-expert bias of that
-    standard deviation (popular experts), drawn from the same generator once per call.
+    Top-k of a softmax over the global experts' router logits; ``skew`` > 0 adds a fixed per-expert
+    bias of that standard deviation (popular experts), drawn from the same generator once per call.
     """
     device = gen.device
-    logits = torch.randn(batch, GLOBAL_EXPERTS, generator=gen, device=device)
+    logits = torch.randn(batch, global_experts, generator=gen, device=device)
     if skew:
-        logits = logits + skew * torch.randn(GLOBAL_EXPERTS, generator=gen, device=device)
+        logits = logits + skew * torch.randn(global_experts, generator=gen, device=device)
     probs = torch.softmax(logits, dim=-1)
-    top_p, top_i = torch.topk(probs, TOP_K, dim=-1)
+    top_p, top_i = torch.topk(probs, top_k, dim=-1)
     weights = top_p / top_p.sum(-1, keepdim=True) * ROUTED_SCALING
     local = top_i - layout.first_expert
     ids = torch.where((local >= 0) & (local < layout.num_experts), local, -1).to(torch.int32)

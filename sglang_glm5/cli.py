@@ -11,10 +11,13 @@ import importlib
 import os
 import sys
 import time
+from fractions import Fraction
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
 SELFCHECK_TOKENS = (1, 7, 64)  # `selfcheck` (W4A16); --path w4a4 has its own (w4a4_verify.SELFCHECK_TOKENS)
-TUNE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # `tune` (W4A16); w4a4_tune.TUNE_BUCKETS
+# `tune` (W4A16): decode under expert parallelism (fractions: GLM-5 B = 1 .. 16 tokens), then 1 .. 2048;
+# w4a4_tune.TUNE_BUCKETS for W4A4.
+TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PATH_HELP = (
     "w4a16 (default): NVFP4 weights, 16-bit activations, any SM80+ GPU; w4a4: SM12x only, activations "
     "quantized to NVFP4 with the checkpoint's input scales for the block-scaled FP4 tensor cores (prefill)"
@@ -110,6 +113,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
     if args.path == "w4a4":
         from sglang_glm5 import w4a4_tune
+
+        if args.batch_sizes and min(args.batch_sizes) < 1:
+            print("tune: --path w4a4 tunes prefill sizes: --batch-sizes must be whole tokens per expert (>= 1)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
 
         return w4a4_tune.tune_command(args)
     from pathlib import Path
@@ -209,9 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
     p.add_argument(
-        "--batch-sizes", type=int_list, default=None,
-        help="tokens per expert to tune for (each rounded up to a power of two, at most 4096, duplicates "
-        "dropped: lookups read those buckets only; default 1,2,4,...,2048; with --path w4a4: 16,32,...,2048)",
+        "--batch-sizes", type=bucket_list, default=None,
+        help="tokens per expert to tune for (each rounded up to a power of two, from 1/32 to 4096, duplicates "
+        "dropped: lookups read those buckets only; fractions for decode under expert parallelism, 1/32 = one "
+        "GLM-5 token per step; default 1/32,1/16,...,2048; with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
     p.add_argument(
@@ -226,6 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     for module in _COMMAND_MODULES:
         importlib.import_module(module).add_cli(sub)
     return parser
+
+
+def bucket_list(text: str) -> list:
+    """argparse type: comma-separated positive numbers of tokens per expert, fractions allowed (1/32)."""
+    from sglang_glm5.autotune import parse_bucket
+
+    try:
+        values = [parse_bucket(v) for v in text.split(",") if v.strip()]
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers (1/32,1,16), got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
 
 
 def int_list(text: str) -> list[int]:

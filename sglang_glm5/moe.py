@@ -236,6 +236,34 @@ def plan_launch(
     return Launch(programs, *k_splits(k_size, cfg.block_k, want))
 
 
+class GemmPlan(NamedTuple):
+    gemm1: Launch
+    gemm2: Launch
+    per_program: int  # gemm2's N tiles per program
+    counters: int  # int32 split-K counters gemm1 needs (0 without a split)
+
+
+def plan_gemms(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
+) -> GemmPlan:
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
+
+    def blocks(gemm: GemmConfig) -> tuple[int, float]:
+        bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
+        return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global_experts, gemm.block_m))
+
+    tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks(cfg.gemm1), sms)
+    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
+    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
+    while per_program > 1 and blocks(cfg.gemm2)[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+        per_program //= 2  # few blocks: keep the programs that fill the GPU
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks(cfg.gemm2), sms,
+                          split=per_program == 1)  # fmt: skip
+    counters = blocks(cfg.gemm1)[0] * tiles1 if launch1.splits > 1 else 0
+    return GemmPlan(launch1, launch2, per_program, counters)
+
+
 def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
     """(splits, K elements per split) for at most ``want`` splits (and MAX_SPLITS) of whole K steps, none empty."""
     steps = triton.cdiv(k_size, block_k)
@@ -360,23 +388,9 @@ def nvfp4_fused_moe(
     sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
     num_global = num_global_experts or num_experts
 
-    def blocks(gemm: GemmConfig) -> tuple[int, float]:
-        bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
-        return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global, gemm.block_m))
-
-    launch1 = plan_launch(hidden, cfg.gemm1, triton.cdiv(inter, cfg.gemm1.block_n), *blocks(cfg.gemm1), sms)
-    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
-    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
-    while per_program > 1 and blocks(cfg.gemm2)[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
-        per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks(cfg.gemm2), sms,
-                          split=per_program == 1)  # fmt: skip
-
-    counters = None
-    if launch1.splits > 1:
-        tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-        counters = torch.empty(num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m) * tiles1,
-                               dtype=torch.int32, device=device)  # fmt: skip
+    plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
+    launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
+    counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters)
     route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
 

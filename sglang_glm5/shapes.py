@@ -13,6 +13,11 @@ class MoeShape:
     hidden: int  # H
     inter: int  # I, intermediate size of one expert on one GPU
     top_k: int = 8
+    global_experts: int = 0  # experts over all GPUs (expert parallelism); 0 = num_experts (all local)
+
+    @property
+    def all_experts(self) -> int:
+        return self.global_experts or self.num_experts
 
     @property
     def weight_bytes(self) -> int:
@@ -25,7 +30,7 @@ class MoeShape:
 
 
 SHAPES = {
-    "glm5-ep8": MoeShape(num_experts=32, hidden=6144, inter=2048),  # 8-way expert parallel
+    "glm5-ep8": MoeShape(num_experts=32, hidden=6144, inter=2048, global_experts=256),  # 8-way expert parallel
     "glm5-tp8": MoeShape(num_experts=256, hidden=6144, inter=256),  # 8-way tensor parallel
     "glm5-mini": MoeShape(num_experts=8, hidden=256, inter=128),  # GLM-5-like, small enough for the interpreter
 }

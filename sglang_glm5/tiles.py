@@ -87,7 +87,9 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     won at m=64 (64 x 128 x 256) are left to the tuner: they do not fit SM120's 101376 B. Every config
     here does (compiled ahead of time for sm_120 in tests/test_tiles.py).
     """
-    if tokens_per_expert <= 16:
+    if tokens_per_expert < 1:  # fewer tokens than experts: few experts active, split K (H200 real routing)
+        cfg = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=3)
+    elif tokens_per_expert <= 16:
         cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
     elif tokens_per_expert <= 128:
         cfg = GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3)

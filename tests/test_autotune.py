@@ -96,7 +96,7 @@ def test_truncated_file_is_reported_once_and_skipped_then_repaired(tmp_path, cap
 def test_unknown_keys_and_unfit_configs_are_skipped(tmp_path, caplog, gen):
     path = tmp_path / "c.json"
     good = _entry(SMALL).as_json()
-    unknown = {**good, "config": {**good["config"], "split_k": 4}}
+    unknown = {**good, "config": {**good["config"], "swizzle": 4}}  # a field GemmConfig does not have
     unfit = {**_entry(TOO_BIG_FOR_SM120).as_json(), "shared_bytes": 181248}
     path.write_text(json.dumps({"entries": {_key("gemm1", 2): unknown, _key("gemm2", 2): unfit}, "extra": 1}))
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
