@@ -167,7 +167,7 @@ def route_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int, zero: to
         num_zero=0 if zero is None else zero.numel(),
         BLOCK_M=block_m,
         E_PAD=max(16, triton.next_power_of_2(num_experts)),
-        BLOCK=1024,
+        BLOCK=max(16, min(1024, triton.next_power_of_2(num_pairs))),  # decode: a few pairs, a small histogram
     )
     return Route(sorted_ids, block_expert, used_blocks)
 
