@@ -285,70 +285,101 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
     SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; the last program of a tile to finish adds them
+    BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     INTERPRETER: tl.constexpr,
 ):
-    """Grid (block programs, N tiles, K splits). Block program b walks the used routing blocks
+    """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
     bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
     partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
     in split order, so the result does not depend on which program that is, and applies SiLU * up."""
+    if BLOCK_LOOP:
+        for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
+            _gemm1_block(
+                pid_m, tl.load(block_expert_ptr + pid_m),
+                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
+                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
+                INTERPRETER,
+            )  # fmt: skip
+    else:  # a program per possible block: the unused ones (expert -1) have nothing to do
+        expert = tl.load(block_expert_ptr + tl.program_id(0))
+        if expert >= 0:
+            _gemm1_block(
+                tl.program_id(0), expert,
+                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
+                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
+                INTERPRETER,
+            )  # fmt: skip
+
+
+@triton.jit
+def _gemm1_block(
+    pid_m,  # the routing block
+    expert,  # its expert
+    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k, inter_size,
+    hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
+    gate_row0, up_row0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):  # fmt: skip
+    """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = tl.program_id(1)
-    used_blocks = tl.load(used_blocks_ptr)
     offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
     k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
-    for pid_m in range(tl.program_id(0), used_blocks, tl.num_programs(0)):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-        pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
-        token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
+    expert = expert.to(tl.int64)
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+    token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
-        w_base = w_ptr + expert * stride_we
-        s_base = ws_ptr + expert * stride_se
-        wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
-        wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
-        sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
-        su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_se
+    wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
+    wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
+    sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
+    su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
 
-        x_rows = x_ptr + token * stride_xt
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
-        # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
-        # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
-        tl.assume(k_end > k_begin)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+    x_rows = x_ptr + token * stride_xt
+    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
+    # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
+    # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
+    tl.assume(k_end > k_begin)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
 
-        last = True
-        if SPLITS > 1:
-            # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
-            split_stride = num_pairs * 2 * inter_size
-            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
-            mask = row_ok[None, :] & n_ok[:, None]
-            tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
-            tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
-            tl.debug_barrier()  # every thread's partials are written before the counter says so
-            arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
-            last = arrived == SPLITS - 1
-            if last:
-                tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
-                # Unrolled, so that all SPLITS loads are in flight together; added in split order.
-                acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for split in tl.static_range(SPLITS):
-                    acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
-                    acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
-                                     cache_modifier=".cg")  # fmt: skip
+    last = True
+    if SPLITS > 1:
+        # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
+        split_stride = num_pairs * 2 * inter_size
+        p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
+        mask = row_ok[None, :] & n_ok[:, None]
+        tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
+        tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
+        tl.debug_barrier()  # every thread's partials are written before the counter says so
+        arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLITS - 1
         if last:
-            gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
-            gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
-            gate = acc_g * gs_gate
-            up = acc_u * gs_up
-            h = gate / (1.0 + tl.exp(-gate)) * up
-            h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
-            tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+            tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
+            # Unrolled, so that all SPLITS loads are in flight together; added in split order.
+            acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for split in tl.static_range(SPLITS):
+                acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+    if last:
+        gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
+        gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
+        gate = acc_g * gs_gate
+        up = acc_u * gs_up
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+        tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
@@ -395,56 +426,84 @@ def nvfp4_moe_gemm2_kernel(
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
     MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
     SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; moe_sum_kernel adds the fp32 partials in split order
+    BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     INTERPRETER: tl.constexpr,
 ):
-    """Grid (block programs, N tiles or tile groups, K splits); block programs walk the used routing
-    blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
+    """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
+    used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
     restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
+    if BLOCK_LOOP:
+        for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
+            _gemm2_block(
+                pid_m, tl.load(block_expert_ptr + pid_m),
+                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
+                inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, INTERPRETER,
+            )  # fmt: skip
+    else:  # a program per possible block: the unused ones (expert -1) have nothing to do
+        expert = tl.load(block_expert_ptr + tl.program_id(0))
+        if expert >= 0:
+            _gemm2_block(
+                tl.program_id(0), expert,
+                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
+                inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, INTERPRETER,
+            )  # fmt: skip
+
+
+@triton.jit
+def _gemm2_block(
+    pid_m,  # the routing block
+    expert,  # its expert
+    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size, inter_size,
+    k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, INTERPRETER: tl.constexpr,
+):  # fmt: skip
+    """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = tl.program_id(1)
-    used_blocks = tl.load(used_blocks_ptr)
     k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1)
     if SPLITS > 1:
         y_ptr += tl.program_id(2).to(tl.int64) * num_pairs * stride_yt
-    for pid_m in range(tl.program_id(0), used_blocks, tl.num_programs(0)):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-        pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
-        h_rows = h_ptr + pair_safe * stride_ht
-        w_base = w_ptr + expert * stride_we
-        s_base = ws_ptr + expert * stride_se
-        # DECODE_UNSCALE = 2^7
-        scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
-        # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
-        tl.assume(k_end > k_begin)
-        if not MULTI_TILE:
-            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
+    expert = expert.to(tl.int64)
+    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+    h_rows = h_ptr + pair_safe * stride_ht
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_se
+    # DECODE_UNSCALE = 2^7
+    scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
+    # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
+    tl.assume(k_end > k_begin)
+    if not MULTI_TILE:
+        offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
+        w_rows = w_base + offs_n_safe * stride_wn
+        s_rows = s_base + offs_n_safe * stride_sn
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+        _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+    else:
+        programs = tl.num_programs(1)
+        k_steps = tl.cdiv(inter_size, BLOCK_K)
+        my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
+        tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for step in range(0, my_tiles * k_steps):
+            kk = step % k_steps
+            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
             w_rows = w_base + offs_n_safe * stride_wn
             s_rows = s_base + offs_n_safe * stride_sn
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for k0 in range(k_begin, k_end, BLOCK_K):
-                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-                acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
-        else:
-            programs = tl.num_programs(1)
-            k_steps = tl.cdiv(inter_size, BLOCK_K)
-            my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
-            tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for step in range(0, my_tiles * k_steps):
-                kk = step % k_steps
-                offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
-                w_rows = w_base + offs_n_safe * stride_wn
-                s_rows = s_base + offs_n_safe * stride_sn
-                if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
-                    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                k0 = kk * BLOCK_K
-                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-                acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-                if kk == k_steps - 1:
-                    _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+            if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            k0 = kk * BLOCK_K
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            if kk == k_steps - 1:
+                _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
 
 
 @triton.jit

@@ -169,13 +169,14 @@ def compile_for_target(fn, consts: dict, cfg: GemmConfig, arch: int, pointers: d
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
 # gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
 # differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
-# (the number of splits changes the unrolled reduction, held in registers, not the shared memory).
+# (the number of splits changes the unrolled reduction, held in registers, not the shared memory) and
+# with the block loop (a split is planned when few blocks are expected, so it comes with the loop).
 FORMS = {
-    "gemm1": ({"SPLITS": 1}, {"SPLITS": 2}),
+    "gemm1": ({"SPLITS": 1, "BLOCK_LOOP": False}, {"SPLITS": 2, "BLOCK_LOOP": True}),
     "gemm2": (
-        {"MULTI_TILE": False, "SPLITS": 1},
-        {"MULTI_TILE": True, "SPLITS": 1},
-        {"MULTI_TILE": False, "SPLITS": 2},
+        {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
     ),
 }
 
