@@ -12,11 +12,15 @@ fake. Non-streamed chat requests that quote a question of `answers` get "Answer:
 for the questions in `wrong` (answered N + 1). `logprobs=False` ignores the logprob options (a
 server without them); `die_after=N` shuts the whole server down on request N + 1 (it never answers).
 Token k (0-based) is sent at request_time + ttft + k * gap on an absolute schedule, so sleep jitter
-does not accumulate. Binds 127.0.0.1 on an ephemeral port.
+does not accumulate. Binds 127.0.0.1 on an ephemeral port (or `port`).
+
+`python tests/loadtest_server.py --port P [--perturb X] [--wrong-every N]` serves one until it is
+killed or --lifetime seconds have passed (scripts/run_loadtest.sh's test starts it as its "server").
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import re
@@ -62,6 +66,7 @@ class FakeSGLang:
         answers: dict[str, float] | None = None,
         wrong: frozenset[str] = frozenset(),
         die_after: int | None = None,
+        port: int = 0,
     ) -> None:
         self.ttft, self.gap = ttft, gap
         self.model_seed, self.perturb, self.noise_seed = model_seed, perturb, noise_seed
@@ -73,7 +78,7 @@ class FakeSGLang:
         self.requests = 0
         self.flushes = 0
         handler = type("Handler", (_Handler,), {"fake": self})
-        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", port), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
@@ -228,3 +233,26 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         """One HTTP/1.1 chunk; the empty one ends the body."""
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+def main() -> None:
+    from sglang_glm5.loadtest import corpus
+
+    ap = argparse.ArgumentParser(description="a fake SGLang server on 127.0.0.1, for tests")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--perturb", type=float, default=0.0, help="noise scale on the toy model's logits")
+    ap.add_argument("--wrong-every", type=int, default=0, help="answer every N-th generated problem wrong")
+    ap.add_argument("--problems", type=int, default=corpus.DEFAULT_PROBLEMS, help="generated problems it knows")
+    ap.add_argument("--lifetime", type=float, default=120.0, help="seconds before it stops itself")
+    args = ap.parse_args()
+    problems = corpus.generated_problems(args.problems)
+    wrong = {p.question for i, p in enumerate(problems) if args.wrong_every and i % args.wrong_every == 0}
+    answers = {p.question: p.answer for p in problems}
+    fake = FakeSGLang(0.01, 0.002, perturb=args.perturb, noise_seed=1, answers=answers, wrong=frozenset(wrong),
+                      port=args.port)  # fmt: skip
+    with fake:
+        fake.stopping.wait(args.lifetime)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,9 @@ import json
 import math
 import os
 import random
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +183,44 @@ def test_compare_reports_same_accuracy_and_kl(tmp_path, seed):
     text = (out / "report.md").read_text()
     assert "at the same accuracy" in text and "DROPPED" not in text
     assert f"KL {acc['kl']['mean']:.4g} mean" in text
+
+
+SHIM = """#!/usr/bin/env bash
+# `sglang-glm5 serve ... --port P -- --moe-runner-backend B` starts a fake server; anything else is the real CLI.
+if [[ "$1" == serve ]]; then
+    args=("$@")
+    for ((i = 0; i < ${#args[@]}; i++)); do [[ "${args[i]}" == --port ]] && port=${args[i + 1]}; done
+    extra=()
+    [[ " $* " == *" nvfp4_triton "* ]] && extra=(--perturb 0.3 --wrong-every 5)  # the "patched" server
+    exec PYTHON TESTS/loadtest_server.py --port "$port" --problems 40 --lifetime 90 "${extra[@]}"
+fi
+exec PYTHON -m sglang_glm5.cli "$@"
+"""
+
+
+def test_run_loadtest_script_reports_accuracy_beside_the_gain(tmp_path):
+    """scripts/run_loadtest.sh end to end, its two servers being fakes: the report flags the accuracy drop."""
+    tests = Path(__file__).parent
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "sglang-glm5"
+    shim.write_text(SHIM.replace("PYTHON", sys.executable).replace("TESTS", str(tests)))
+    shim.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "results"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PORT": str(port), "OUT": str(out),
+           "CONCURRENCY": "1", "DURATION": "2", "REPEATS": "1", "WARMUP": "0",
+           "ACCURACY_ARGS": "--passages 4 --problems 40 --concurrency 4"}  # fmt: skip
+    proc = subprocess.run(["bash", str(tests.parent / "scripts" / "run_loadtest.sh"), "/models/fake"], env=env,
+                          capture_output=True, text=True, timeout=150)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "accuracy patched: tasks vs reference: -20.0 points" in proc.stdout
+    text = (out / "compare_baseline_vs_patched" / "report.md").read_text()
+    assert "ACCURACY DROPPED beyond the 95% interval" in text and "1.000 -> 0.800" in text
+    acc = json.loads((out / "compare_baseline_vs_patched" / "report.json").read_text())["accuracy"]
+    assert acc["kl"]["mean"] > 0 and acc["kl"]["passages"] == 4
 
 
 # --- bad input: one line, exit 2, nothing written --------------------------------------------------
