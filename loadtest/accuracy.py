@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import json
 import os
 import shlex
@@ -92,11 +93,11 @@ class Client:
                 status, data = self._send(path, body)
             except TimeoutError:
                 raise RequestFailed(f"timeout: no data for {self.timeout:g} s") from None
-            except (urllib.error.URLError, OSError) as e:
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
                 inner = e.reason if isinstance(e, urllib.error.URLError) else e
                 if isinstance(inner, TimeoutError):
                     raise RequestFailed(f"timeout: no data for {self.timeout:g} s") from None
-                reason = f"connection error: {getattr(inner, 'strerror', None) or inner}"
+                reason = f"connection error: {getattr(inner, 'strerror', None) or inner or type(inner).__name__}"
                 continue
             if status == 200:
                 try:
@@ -163,7 +164,7 @@ def parse_logprobs(reply: dict[str, Any], top_k: int) -> dict[str, Any]:
             if len(row) > top_k:
                 raise UnusableReply(f"{len(row)} top logprobs at a position (asked for {top_k})")
             top.append(row)
-    except (TypeError, IndexError, ValueError) as e:
+    except (TypeError, IndexError, KeyError, ValueError) as e:
         raise UnusableReply(f"a logprob entry is not [logprob, token_id, text] ({type(e).__name__}: {e})") from None
     if all(t is None for t in top):
         raise UnusableReply("input_top_logprobs holds no distribution (was top_logprobs_num ignored?)")
@@ -194,6 +195,8 @@ def grade(problem: corpus.Problem, reply: dict[str, Any]) -> dict[str, Any]:
         message = choice["message"]
     except (KeyError, IndexError, TypeError):
         raise RequestFailed(f"no choices[0].message in the reply: {json.dumps(reply)[:100]}") from None
+    if not isinstance(message, dict) or not isinstance(choice, dict):
+        raise RequestFailed(f"choices[0].message is not an object: {json.dumps(reply)[:100]}")
     content = message.get("content") or ""
     answer = corpus.extract_answer(content)
     if answer is None and message.get("reasoning_content"):
@@ -445,6 +448,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--concurrency, --top-logprobs, --max-tokens, --passages and --problems must be >= 1, --retries >= 0"
         )
+    for tag in (args.tag, args.baseline_tag if args.baseline_host else None):
+        if tag and (Path(args.out) / tag / FOLDER).exists() and not args.overwrite:
+            raise ValueError(f"{Path(args.out) / tag / FOLDER} exists; pick another --tag or pass --overwrite")
     status = 0
     reference = args.reference
     if args.baseline_host:

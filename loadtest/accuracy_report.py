@@ -147,17 +147,39 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
 
 
 def load(folder: Path) -> dict[str, Any] | None:
+    """A folder's accuracy.json; None when it has none; ValueError when it cannot be read."""
     path = folder / FOLDER / SUMMARY
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read it ({type(e).__name__}: {e})") from None
+
+
+def read_answers(folder: Path) -> list[dict[str, Any]]:
+    path = folder / FOLDER / ANSWERS
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read it ({type(e).__name__}: {e})") from None
 
 
 def section(base_dir: Path, patched_dir: Path) -> dict[str, Any]:
-    """The accuracy part of `loadtest compare`, recomputed from both folders' answers and logprobs."""
-    b, p = load(base_dir), load(patched_dir)
-    out: dict[str, Any] = {"baseline": b, "patched": p, "kl": None, "tasks": None, "notes": []}
+    """The accuracy part of `loadtest compare`, recomputed from both folders' answers and logprobs.
+
+    Never raises for the accuracy records: what cannot be compared becomes a note in the report.
+    """
+    out: dict[str, Any] = {"baseline": None, "patched": None, "kl": None, "tasks": None, "notes": []}
+    try:
+        b, p = load(base_dir), load(patched_dir)
+    except ValueError as e:
+        out["notes"].append(f"accuracy not compared: {e}")
+        return out
+    out["baseline"], out["patched"] = b, p
     if b is None or p is None:
         missing = [str(d) for d, s in ((base_dir, b), (patched_dir, p)) if s is None]
-        out["notes"].append(f"not measured in {', '.join(missing)} (run `sglang-glm5 loadtest accuracy`)")
+        out["notes"].append(f"accuracy not measured in {', '.join(missing)} (run `sglang-glm5 loadtest accuracy`)")
         return out
     for side, s in (("baseline", b), ("patched", p)):
         if not s.get("complete", False):
@@ -176,9 +198,10 @@ def section(base_dir: Path, patched_dir: Path) -> dict[str, Any]:
         if b["tasks"]["problems"]["sha256"] != p["tasks"]["problems"]["sha256"]:
             out["notes"].append("accuracy difference not computed: the two runs asked different problems")
         else:
-            rb = [json.loads(x) for x in (base_dir / FOLDER / ANSWERS).read_text().splitlines() if x.strip()]
-            rp = [json.loads(x) for x in (patched_dir / FOLDER / ANSWERS).read_text().splitlines() if x.strip()]
-            out["tasks"] = pair_answers(rb, rp)
+            try:
+                out["tasks"] = pair_answers(read_answers(base_dir), read_answers(patched_dir))
+            except ValueError as e:
+                out["notes"].append(f"accuracy difference not computed: {e}")
     return out
 
 

@@ -162,6 +162,19 @@ def test_accuracy_interval_and_compare_flags_a_drop(tmp_path, seed):
     assert "0.900 -> 0.800" in text
 
 
+def test_compare_without_accuracy_says_so(tmp_path):
+    for tag in ("baseline", "patched"):
+        _loadtest_folder(tmp_path / tag)
+    (tmp_path / "patched" / "accuracy").mkdir()
+    (tmp_path / "patched" / "accuracy" / "accuracy.json").write_text("{truncated")  # a damaged record
+    out = tmp_path / "cmp"
+    assert main(["loadtest", "compare", str(tmp_path / "baseline"), str(tmp_path / "patched"), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "**1.00x the throughput**; accuracy not compared" in text
+    assert "accuracy not compared: " in text and "accuracy.json: cannot read it (JSONDecodeError" in text
+    assert "at the same accuracy" not in text
+
+
 def test_compare_reports_same_accuracy_and_kl(tmp_path, seed):
     rng = random.Random(seed)
     problems = corpus.generated_problems(100, 0)
