@@ -7,6 +7,9 @@ Data flow::
     runner.py     `loadtest run`: /health check, a Locust subprocess per (concurrency, repeat), results folder
     metrics.py    per-request JSONL -> throughput, goodput, latency percentiles (the only place figures come from)
     report.py     `loadtest compare`: refuses mismatched runs, writes report.md and PNG plots
+    accuracy.py   `loadtest accuracy`: prompt logprobs (KL) and word problems (accuracy) against a reference
+    corpus.py     the generated passages and problems, and readers for a user's corpus or GSM8K-style file
+    accuracy_report.py / accuracy_stats.py   the accuracy records, their comparison and report text; the math
 
 Nothing here imports Locust except locustfile.py, which only ever runs inside a Locust process
 (`import locust` monkey-patches the standard library through gevent).

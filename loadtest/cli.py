@@ -1,4 +1,7 @@
-"""`sglang-glm5 loadtest run | compare`. Imports nothing heavy: Locust runs in a subprocess, matplotlib on use."""
+"""`sglang-glm5 loadtest run | accuracy | compare`.
+
+Imports nothing heavy: Locust runs in a subprocess, matplotlib on use.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sglang_glm5.loadtest import runner
 
     return runner.run(args)
+
+
+def _cmd_accuracy(args: argparse.Namespace) -> int:
+    from sglang_glm5.loadtest import accuracy
+
+    return accuracy.run(args)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -57,6 +66,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms)")
     r.add_argument("--overwrite", action="store_true", help="replace an existing results folder of the same tag")
     r.set_defaults(func=_cmd_run)
+
+    from sglang_glm5.loadtest import accuracy  # stdlib only: the parser lives next to the command
+
+    accuracy.add_cli(sub, _cmd_accuracy)
 
     c = sub.add_parser(
         "compare",

@@ -4,6 +4,8 @@ Gain at a level = mean patched throughput / mean baseline throughput over the re
 [min patched / max baseline, max patched / min baseline], the worst and best pairing of repeats.
 Runs with different workloads (lengths, seed, prompt file content, mode, duration) or different
 models are refused: their throughputs do not measure the same thing.
+When both folders hold `loadtest accuracy` results, the gain is stated beside the paired accuracy
+difference and the KL divergence between the two servers (accuracy_report.section, from their records).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sglang_glm5.loadtest import metrics
+from sglang_glm5.loadtest import accuracy_report, metrics
 from sglang_glm5.loadtest.workload import Workload
 
 DEFAULT_PARENT = Path("loadtest_results")
@@ -75,8 +77,9 @@ def build(base_dir: Path, patched_dir: Path, slo: metrics.Slo) -> dict[str, Any]
         b, p = sb["levels"][c], sp["levels"][c]
         rows.append({"concurrency": int(c), "baseline": b, "patched": p,
                      **{f"gain_{k}": gain(b[k], p[k]) for k in metrics.THROUGHPUTS}})  # fmt: skip
+    acc = accuracy_report.section(base_dir, patched_dir)
     return {"baseline": {"dir": str(base_dir), **mb}, "patched": {"dir": str(patched_dir), **mp},
-            "slo": slo.as_dict(), "levels": rows}  # fmt: skip
+            "slo": slo.as_dict(), "levels": rows, "accuracy": acc}  # fmt: skip
 
 
 def markdown(rep: dict[str, Any]) -> str:
@@ -93,6 +96,7 @@ def markdown(rep: dict[str, Any]) -> str:
         "",
         f"**Output-token throughput gain: {geo:.2f}x** (geometric mean over {len(rows)} concurrency levels; "
         "per level below, with the worst-best pairing of repeats in parentheses).",
+        *(accuracy_report.markdown_lines(rep["accuracy"], geo) if "accuracy" in rep else []),
         "",
         "| users | baseline tok/s | patched tok/s | gain | req/s gain | TTFT p50 / p99 ms (base -> patched) "
         "| TPOT p50 / p99 ms (base -> patched) | failed (base / patched) |",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Baseline vs patched on the same machine: start the stock server, load it, stop it; start the server
-# with our MoE backend, load it, stop it; then compare. Results under $OUT/{baseline,patched}, the
-# report under $OUT/compare_baseline_vs_patched/.
+# Baseline vs patched on the same machine: start the stock server, load it, measure its accuracy, stop
+# it; start the server with our MoE backend, load it, measure its accuracy against the baseline's, stop
+# it; then compare (throughput gain beside the accuracy difference and KL). Results under
+# $OUT/{baseline,patched}, the report under $OUT/compare_baseline_vs_patched/.
 #
 #   scripts/run_loadtest.sh /models/GLM-5-NVFP4 [extra `loadtest run` args, e.g. --input-len 2048]
 #
@@ -23,6 +24,9 @@ SLO_TTFT_MS=${SLO_TTFT_MS:-2000}                    # goodput SLOs for the repor
 SLO_TPOT_MS=${SLO_TPOT_MS:-100}
 OUT=${OUT:-loadtest_results}
 SERVER_START_TIMEOUT=${SERVER_START_TIMEOUT:-1800}  # seconds to wait for /health (loading GLM-5 takes minutes)
+ACCURACY=${ACCURACY:-1}                             # 0: throughput only
+ACCURACY_ARGS=${ACCURACY_ARGS:-}                    # extra `loadtest accuracy` args, e.g. "--dataset gsm8k.jsonl"
+ACCURACY_REFERENCE=${ACCURACY_REFERENCE:-}          # a results folder recorded once (e.g. a BF16 server's)
 
 URL="http://${HOST}:${PORT}"
 SERVER_PID=""
@@ -72,12 +76,26 @@ load() {  # $1 tag, then extra `loadtest run` args
         --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" "$@"
 }
 
+ACCURACY_STATUS=0
+accuracy() {  # $1 tag, $2 reference results folder (may be empty); after `load`, which replaces $OUT/$1
+    local tag=$1 ref=$2
+    [[ "$ACCURACY" == 1 ]] || return 0
+    local cmd=(sglang-glm5 loadtest accuracy --host "$URL" --tag "$tag" --out "$OUT" --overwrite)
+    [[ -n "$ref" ]] && cmd+=(--reference "$ref")
+    # shellcheck disable=SC2206  # ACCURACY_ARGS is split into words on purpose
+    cmd+=($ACCURACY_ARGS)
+    "${cmd[@]}" || ACCURACY_STATUS=$?  # failed requests: counted, marked incomplete, reported by compare
+}
+
 start_server baseline "$BASELINE_BACKEND"
 load baseline "$@"
+accuracy baseline "$ACCURACY_REFERENCE"
 stop_server
 
 start_server patched "$PATCHED_BACKEND"
 load patched "$@"
+accuracy patched "${ACCURACY_REFERENCE:-$OUT/baseline}"
 stop_server
 
 sglang-glm5 loadtest compare "$OUT/baseline" "$OUT/patched" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS"
+exit "$ACCURACY_STATUS"

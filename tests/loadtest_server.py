@@ -3,33 +3,82 @@
 Each POST gets the next behaviour of a cycle: "ok" (role chunk at once, first token after `ttft`,
 then one token every `gap`, a usage chunk, [DONE]), "close" (3 tokens, then the socket closes),
 "500", "malformed" (2 tokens, then a chunk that is not JSON), "hang" (never answers).
+
+Accuracy A/B (loadtest accuracy): /generate answers SGLang's prompt-logprob options (`return_logprob`,
+`logprob_start_len`, `top_logprobs_num`) in SGLang 0.5.23's format, over a toy model: words hash to
+ids in [0, VOCAB) (`tokenize`), and the next-token distribution after token `prev` at position `pos`
+is a seeded log-softmax (`next_token_logprobs`), shifted by `perturb` x seeded noise on a "patched"
+fake. Non-streamed chat requests that quote a question of `answers` get "Answer: N", right except
+for the questions in `wrong` (answered N + 1). `logprobs=False` ignores the logprob options (a
+server without them); `die_after=N` shuts the whole server down on request N + 1 (it never answers).
 Token k (0-based) is sent at request_time + ttft + k * gap on an absolute schedule, so sleep jitter
-does not accumulate. Binds 127.0.0.1 on an ephemeral port.
+does not accumulate. Binds 127.0.0.1 on an ephemeral port (or `port`).
+
+`python tests/loadtest_server.py --port P [--perturb X] [--wrong-every N]` serves one until it is
+killed or --lifetime seconds have passed (scripts/run_loadtest.sh's test starts it as its "server").
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
+import re
 import socket
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
+
 MODEL = "fake/GLM-5-NVFP4"
+VOCAB = 256
+
+
+def tokenize(text: str, salt: int = 0) -> list[int]:
+    """Word and punctuation pieces -> ids in [0, VOCAB); another salt is another tokenizer."""
+    return [(zlib.crc32(w.encode()) + salt) % VOCAB for w in re.findall(r"\w+|[^\w\s]", text)]
+
+
+def next_token_logprobs(prev: int, pos: int, model_seed: int, perturb: float = 0.0, noise_seed: int = 0) -> np.ndarray:
+    """The toy model's full next-token log-probabilities [VOCAB] after token `prev` at position `pos`."""
+    logits = 2.5 * np.random.default_rng([model_seed, prev, pos]).standard_normal(VOCAB)
+    if perturb:
+        logits = logits + perturb * np.random.default_rng([noise_seed, prev, pos, 1]).standard_normal(VOCAB)
+    m = logits.max()
+    return logits - (m + np.log(np.exp(logits - m).sum()))
 
 
 class FakeSGLang:
-    def __init__(self, ttft: float = 0.1, gap: float = 0.02, behaviours: tuple[str, ...] = ("ok",)) -> None:
+    def __init__(
+        self,
+        ttft: float = 0.1,
+        gap: float = 0.02,
+        behaviours: tuple[str, ...] = ("ok",),
+        *,
+        model_seed: int = 0,
+        perturb: float = 0.0,
+        noise_seed: int = 0,
+        tokenizer_salt: int = 0,
+        logprobs: bool = True,
+        answers: dict[str, float] | None = None,
+        wrong: frozenset[str] = frozenset(),
+        die_after: int | None = None,
+        port: int = 0,
+    ) -> None:
         self.ttft, self.gap = ttft, gap
+        self.model_seed, self.perturb, self.noise_seed = model_seed, perturb, noise_seed
+        self.tokenizer_salt, self.logprobs = tokenizer_salt, logprobs
+        self.answers, self.wrong, self.die_after = answers or {}, wrong, die_after
         self._cycle = itertools.cycle(behaviours)
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self.requests = 0
         self.flushes = 0
         handler = type("Handler", (_Handler,), {"fake": self})
-        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", port), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
@@ -46,6 +95,29 @@ class FakeSGLang:
         self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def die(self) -> None:
+        """Stop listening, from a handler thread: later connections are refused."""
+        threading.Thread(target=self.__exit__, daemon=True).start()
+
+    def prompt_logprobs(self, text: str, top_k: int) -> dict[str, Any]:
+        """meta_info fields as SGLang 0.5.23 returns them for logprob_start_len 0 (first prompt token: None)."""
+        ids = tokenize(text, self.tokenizer_salt)
+        tokens: list[list[Any]] = [[None, ids[0], None]] if ids else []
+        tops: list[Any] = [None] if ids else []
+        for pos in range(1, len(ids)):
+            lp = next_token_logprobs(ids[pos - 1], pos, self.model_seed, self.perturb, self.noise_seed)
+            tokens.append([float(lp[ids[pos]]), ids[pos], None])
+            order = np.argsort(-lp, kind="stable")[:top_k]
+            tops.append([[float(lp[t]), int(t), None] for t in order])
+        return {"input_token_logprobs": tokens, "input_top_logprobs": tops, "prompt_tokens": len(ids)}
+
+    def solve(self, content: str) -> str:
+        for question, answer in self.answers.items():
+            if question in content:
+                value = answer + 1 if question in self.wrong else answer
+                return f"Adding it up step by step.\nAnswer: {value:g}"
+        return "I cannot tell."
 
 
 class _Server(ThreadingHTTPServer):
@@ -90,6 +162,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         t0 = time.perf_counter()
         behaviour = self.fake.next_behaviour()
+        if self.fake.die_after is not None and self.fake.requests > self.fake.die_after:
+            self.close_connection = True
+            self.fake.die()
+            return
         if behaviour == "hang":
             self.fake.stopping.wait(60)
             self.close_connection = True
@@ -140,8 +216,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _complete(self, body: dict[str, Any], native: bool) -> dict[str, Any]:
         n = body.get("max_tokens") or body.get("sampling_params", {}).get("max_new_tokens", 1)
         if native:
-            return {"text": " tok" * n, "meta_info": {"prompt_tokens": 7, "completion_tokens": n}}
-        message = {"role": "assistant", "content": " tok" * n}
+            meta: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": n}
+            if body.get("return_logprob") and self.fake.logprobs:
+                meta.update(self.fake.prompt_logprobs(body["text"], int(body.get("top_logprobs_num") or 0)))
+            return {"text": " tok" * n, "meta_info": meta}
+        content = " tok" * n
+        if self.fake.answers:
+            content = self.fake.solve(body["messages"][-1]["content"])
+        message = {"role": "assistant", "content": content}
         usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
         return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message}], "usage": usage}
 
@@ -151,3 +233,26 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         """One HTTP/1.1 chunk; the empty one ends the body."""
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+def main() -> None:
+    from sglang_glm5.loadtest import corpus
+
+    ap = argparse.ArgumentParser(description="a fake SGLang server on 127.0.0.1, for tests")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--perturb", type=float, default=0.0, help="noise scale on the toy model's logits")
+    ap.add_argument("--wrong-every", type=int, default=0, help="answer every N-th generated problem wrong")
+    ap.add_argument("--problems", type=int, default=corpus.DEFAULT_PROBLEMS, help="generated problems it knows")
+    ap.add_argument("--lifetime", type=float, default=120.0, help="seconds before it stops itself")
+    args = ap.parse_args()
+    problems = corpus.generated_problems(args.problems)
+    wrong = {p.question for i, p in enumerate(problems) if args.wrong_every and i % args.wrong_every == 0}
+    answers = {p.question: p.answer for p in problems}
+    fake = FakeSGLang(0.01, 0.002, perturb=args.perturb, noise_seed=1, answers=answers, wrong=frozenset(wrong),
+                      port=args.port)  # fmt: skip
+    with fake:
+        fake.stopping.wait(args.lifetime)
+
+
+if __name__ == "__main__":
+    main()
