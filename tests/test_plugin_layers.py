@@ -9,7 +9,8 @@ publish it (``runtime_context.publish``), filled, processed (``process_weights_a
 - the unquantized layer runs what SGLang runs for it on this machine: ``UnquantizedFusedMoEMethod`` with the
   Triton runner chosen at construction, whose CPU forward is SGLang's torch-native ``moe_forward_native``
   (``forward_cpu``; the GPU path would call the Triton fused_moe kernel). It is bit-identical to the same layer
-  built under a stock backend, and matches a float64 reference.
+  built under a stock backend, matches a float64 reference, and agrees with SGLang's other torch path
+  (``fused_moe_forward_native``) to bf16 precision.
 
 The same runs for a draft model: target on a stock backend, ``--speculative-moe-runner-backend nvfp4_triton``, layers
 built and run inside SGLang's ``speculative_moe_backend_context`` and ``draft_model_build_scope``.
@@ -38,6 +39,7 @@ def sg():
     from sglang.srt.layers.moe import fused_moe_native
     from sglang.srt.layers.moe import utils as moe_utils
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
@@ -57,7 +59,7 @@ def sg():
 
     return type("Sg", (), dict(
         FusedMoE=FusedMoE, TopK=StandardTopKOutput, Fp4Config=ModelOptFp4Config, published=staticmethod(published),
-        moe_utils=moe_utils, native=fused_moe_native,
+        moe_utils=moe_utils, native=fused_moe_native, DispatchOutput=StandardDispatchOutput,
     ))  # fmt: skip
 
 
@@ -189,6 +191,7 @@ def test_nvfp4_and_unquantized_layers_side_by_side(sg, plugin_on, scope, gen, mo
     # NVFP4: our op against the float64 reference.
     ref = nvfp4_fused_moe_reference(x, *full.args(), weights, ids)
     rel, max_rel = _errors(y_nvfp4, ref)
+    print(f"NVFP4 layer against float64: rel {rel:.2e}, max rel {max_rel:.2e}")
     assert y_nvfp4.shape == x.shape and y_nvfp4.dtype == x.dtype
     assert rel < 1e-2 and max_rel < 2e-2, f"NVFP4 layer: rel {rel:.2e}, max rel {max_rel:.2e}"
 
@@ -200,7 +203,12 @@ def test_nvfp4_and_unquantized_layers_side_by_side(sg, plugin_on, scope, gen, mo
     assert spy.calls == 2 and stock.runner_backend.value == "triton"
     assert torch.equal(y_bf16, y_stock)
     rel, max_rel = _errors(y_bf16, _unquantized_reference(x, experts, weights, ids))
+    print(f"unquantized layer against float64: rel {rel:.2e}, max rel {max_rel:.2e}")
     assert rel < 1e-2 and max_rel < 2e-2, f"unquantized layer: rel {rel:.2e}, max rel {max_rel:.2e}"
+    # SGLang's other torch path (the one torch.compile uses) on the same layer agrees to bf16 precision.
+    dispatched = sg.DispatchOutput(x, None, sg.TopK(weights, ids, None))
+    rel, max_rel = _errors(y_bf16, sg.native.fused_moe_forward_native(bf16, dispatched).hidden_states.double())
+    assert rel < 1e-2 and max_rel < 2e-2, f"against fused_moe_forward_native: rel {rel:.2e}, max rel {max_rel:.2e}"
 
 
 def test_other_backends_build_layers_untouched(sg, plugin_on, gen):
