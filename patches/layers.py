@@ -33,8 +33,15 @@ logger = logging.getLogger("sglang_glm5.patches")
 _LAYER = "sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE"
 STOCK_BACKEND = "auto"  # what a non-NVFP4 layer is built with: each quantization method's own default runner
 
-# Set while a FusedMoE layer is being built for nvfp4_triton: the backend object to put back for an NVFP4 layer.
-_building: contextvars.ContextVar[object | None] = contextvars.ContextVar("sglang_glm5_building", default=None)
+
+class _Build:
+    """A FusedMoE construction for nvfp4_triton: the backend to put back, and whether an NVFP4 method claimed it."""
+
+    def __init__(self, ours):
+        self.ours, self.claimed = ours, False
+
+
+_building: contextvars.ContextVar[_Build | None] = contextvars.ContextVar("sglang_glm5_building", default=None)
 _logged_kinds: set[tuple[str, str, bool]] = set()
 
 
@@ -66,10 +73,11 @@ def claim_layer() -> None:
     """Called by the NVFP4 method's __init__ during such a construction: nvfp4_triton for the rest of this layer."""
     from sglang.srt.runtime_context import get_flags
 
-    ours = _building.get()
-    if ours is None:
+    build = _building.get()
+    if build is None:
         raise RuntimeError("claim_layer() outside a FusedMoE construction for nvfp4_triton")
-    get_flags().moe.runner_backend = ours
+    build.claimed = True
+    get_flags().moe.runner_backend = build.ours
 
 
 def fused_moe_init_hook(original, self, *args, **kwargs):
@@ -78,19 +86,20 @@ def fused_moe_init_hook(original, self, *args, **kwargs):
     ours = get_moe_runner_backend()
     if not _is_ours(ours):
         return original(self, *args, **kwargs)
-    token = _building.set(ours)
+    build = _Build(ours)
+    token = _building.set(build)
     try:
         with _runner_backend(resolve_moe_runner_backend(STOCK_BACKEND)):
             original(self, *args, **kwargs)
     finally:
         _building.reset(token)
-    _check_and_log(self)
+    _check_and_log(self, build.claimed)
 
 
-def _check_and_log(layer) -> None:
+def _check_and_log(layer, claimed: bool) -> None:
     method = type(layer.quant_method).__name__
     runner = getattr(layer.runner_backend, "value", str(layer.runner_backend))
-    if _is_ours(runner) and method != "ModelOptNvFp4FusedMoEMethod":
+    if _is_ours(runner) and not claimed:
         raise NotImplementedError(
             f"--moe-runner-backend {BACKEND_NAME}: MoE layer {layer.layer_id} ({method}) expected SGLang's stock "
             f"runner for its quantization, got {BACKEND_NAME}"
