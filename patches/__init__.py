@@ -1,5 +1,7 @@
 """The SGLang plugin: routes ModelOpt NVFP4 MoE layers to sglang_glm5's Triton op under
-``--moe-runner-backend nvfp4_triton``.
+``--moe-runner-backend nvfp4_triton`` (and ``--speculative-moe-runner-backend nvfp4_triton`` for a draft model);
+every other MoE layer of the model (unquantized, FP8, ...) is built with SGLang's stock runner for its
+quantization, chosen per layer (``layers``).
 
 SGLang finds ``plugin`` through the ``sglang.srt.plugins`` entry point and calls it from
 ``load_plugins()`` in the launcher and again in every scheduler / tensor-parallel worker.
@@ -42,21 +44,27 @@ logger = logging.getLogger("sglang_glm5.patches")
 _applied = False
 
 
+def _all_hooks() -> tuple:
+    from sglang_glm5.patches import layers, nvfp4_moe
+
+    return (*nvfp4_moe.HOOKS, *layers.HOOKS)
+
+
 def check_targets() -> None:
     """Resolve every SGLang symbol the plugin hooks or calls; raises PatchTargetError on the first moved one."""
-    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+    from sglang_glm5.patches import backend, hooks, layers, nvfp4_moe
 
-    hooks.check((*backend.SYMBOLS, *nvfp4_moe.SYMBOLS, *(h.target for h in nvfp4_moe.HOOKS)))
+    hooks.check((*backend.SYMBOLS, *nvfp4_moe.SYMBOLS, *layers.SYMBOLS, *(h.target for h in _all_hooks())))
 
 
 def apply() -> None:
     """Register the backend and install the hooks. Idempotent; every target is checked first."""
     global _applied
-    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+    from sglang_glm5.patches import backend, hooks
 
     check_targets()
     backend.register()
-    new = hooks.install(nvfp4_moe.HOOKS)
+    new = hooks.install(_all_hooks())
     if not _applied or new:
         logger.info("sglang-glm5: plugin active (--moe-runner-backend %s)", BACKEND_NAME)
     _applied = True
@@ -65,19 +73,20 @@ def apply() -> None:
 def undo() -> None:
     """Remove the hooks and the backend name: SGLang is as it was before ``apply``."""
     global _applied
-    from sglang_glm5.patches import backend, hooks, nvfp4_moe
+    from sglang_glm5.patches import backend, hooks, layers
 
-    hooks.uninstall(nvfp4_moe.HOOKS)
+    hooks.uninstall(_all_hooks())
     backend.unregister()
+    layers.forget_kinds()
     _applied = False
 
 
 def is_applied() -> bool:
     if not _applied:
         return False
-    from sglang_glm5.patches import hooks, nvfp4_moe
+    from sglang_glm5.patches import hooks
 
-    return all(hooks.is_installed(h) for h in nvfp4_moe.HOOKS)
+    return all(hooks.is_installed(h) for h in _all_hooks())
 
 
 def plugin() -> None:

@@ -3,8 +3,8 @@
 - ``add_moe_runner_backend_choices`` (``srt/arg_groups/choices.py``): the CLI choice list.
 - ``register_moe_runner_core`` (``srt/layers/moe/moe_runner/runner.py``): registers the name, so that
   ``resolve_moe_runner_backend`` (``srt/layers/moe/utils.py``) knows it, and a runner-core factory.
-  Our NVFP4 layers never build a MoeRunner (their ``apply`` calls our op); the factory is reached only
-  by a MoE layer with another quantization method, and says so at model construction.
+  Our NVFP4 layers never build a MoeRunner (their ``apply`` calls our op), and layers of any other quantization
+  are built with the stock backend (``layers``): the factory is a safeguard that names a layer if one still asks.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def refuse_other_layers(config) -> None:
     """Runner-core factory for MoE layers that are not ModelOpt NVFP4: fails at model construction."""
     raise NotImplementedError(
         f"--moe-runner-backend {BACKEND_NAME} runs only ModelOpt NVFP4 MoE layers (ModelOptNvFp4FusedMoEMethod); "
-        f"MoE layer {getattr(config, 'layer_id', '?')} uses another quantization method. "
-        "Serve this model with a stock --moe-runner-backend."
+        f"MoE layer {getattr(config, 'layer_id', '?')} asked for a MoeRunner under that name, but the plugin builds "
+        "layers of other quantizations with the stock backend (sglang_glm5.patches.layers). Serve this model with "
+        "a stock --moe-runner-backend."
     )
 
 

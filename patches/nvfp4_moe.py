@@ -5,6 +5,8 @@ With ``nvfp4_triton``:
 
 - ``__init__``: the stock check admits NVFP4 MoE only on Blackwell or with Marlin; our kernels run
   on SM80+ (and on the CPU through the Triton interpreter), so the original runs with that check passed.
+  Inside a ``FusedMoE`` construction for nvfp4_triton (which ``layers`` starts with the stock backend, for
+  layers of any other quantization) it claims the layer: nvfp4_triton for the rest of its construction.
 - ``create_moe_runner``: no MoeRunner. The cached backend ``nvfp4_triton`` (what the stock
   ``get_moe_runner_backend`` returns) is not one of the global-id backends, so the standard
   dispatcher hands ``apply`` top-k output with local expert ids and -1 for other ranks' experts.
@@ -28,6 +30,7 @@ import os
 
 import torch
 
+from sglang_glm5.patches import layers
 from sglang_glm5.patches.guard import BACKEND_NAME
 from sglang_glm5.patches.hooks import MethodHook, Symbol
 
@@ -100,7 +103,9 @@ def _nvfp4_platform_check_passed():
 
 
 def init_hook(original, self, quant_config):
-    if not _selected():
+    if layers.building_for_us():  # a FusedMoE layer built for nvfp4_triton turned out NVFP4: ours
+        layers.claim_layer()
+    elif not _selected():
         return original(self, quant_config)
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
         major, minor = torch.cuda.get_device_capability()

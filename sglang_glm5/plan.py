@@ -18,6 +18,18 @@ plus the indexer's FP8 key with its scale (index_head_dim + index_head_dim / 128
 one latent per token for all heads, so the cache is not split by tensor parallelism: each attention
 data-parallel rank holds the whole cache of its own requests. SGLang gives mem-fraction-static of the
 GPU's memory to weights + KV; the rest is for activations and CUDA graphs.
+
+With MTP (``--speculative-algorithm NEXTN``, profile ``[mtp]`` table): the checkpoint's MTP layer
+(``num_nextn_predict_layers``) is a draft model of its own, in BF16 (SGLang's NextN model drops the modelopt_fp4
+config): a decoder layer (MLA + DSA indexer, 256 BF16 routed experts split like the target's, a shared expert)
+plus ``eh_proj`` (an ``nn.Linear`` on every GPU) and norms; the embedding and lm_head are the target's (shared by
+``set_embed_and_head`` after loading). Its KV cache per token is one more layer of the target's
+(``pool_configurator``: draft KV = target KV x draft layers / target layers, plus the draft's indexer keys).
+
+Communication per decode step is a model of the collectives SGLang 0.5.23 issues per layer (``communicator`` /
+``dp_attention``): TP attention all-reduces the attention and the MoE outputs over the whole group; DP attention
+reduces the attention output inside its attention-TP group, all-gathers every group's tokens before the MoE and
+reduce-scatters the MoE output after it (decode under CUDA graphs: MAX_LEN padding).
 """
 
 from __future__ import annotations
@@ -25,11 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
-from sglang_glm5.profiles import DEFAULT_PROFILE, FlagValue, Profile, load_profile
+from sglang_glm5.profiles import DEFAULT_PROFILE, MTP_FLAG, FlagValue, Profile, load_profile
 
 GIB = 1 << 30
 BF16 = 2
@@ -65,6 +77,7 @@ class ModelShape:
     vocab: int
     max_context: int
     tie_embeddings: bool
+    mtp_layers: int = 0  # num_nextn_predict_layers: the checkpoint's MTP (NextN) layers, the NEXTN draft model
 
     _KEYS = {
         "hidden": "hidden_size", "layers": "num_hidden_layers", "dense_layers": "first_k_dense_replace",
@@ -87,6 +100,7 @@ class ModelShape:
             index_head_dim=int(config.get("index_head_dim", 0)) if dsa else 0,
             index_heads=int(config.get("index_n_heads", 0)) if dsa else 0,
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            mtp_layers=int(config.get("num_nextn_predict_layers", 0) or 0),
         )
 
     @property
@@ -118,6 +132,7 @@ class Layout:
     attn_dp: int
     backend: str  # --moe-runner-backend
     dp_lm_head: bool = False
+    draft_layers: int = 0  # MTP layers run as the NEXTN draft model (0: no speculative decoding)
 
     @property
     def attn_tp(self) -> int:
@@ -134,28 +149,22 @@ class Part:
 def weight_parts(m: ModelShape, lay: Layout) -> list[Part]:
     """Weight bytes per GPU, by part (see the module docstring for the splits)."""
     h, i = m.hidden, m.moe_inter
+    attn_replicated, attn_split = _attention_weights(m)
     # One routed expert in NVFP4: w13 [2I, H] and w2 [H, I] as packed e2m1 + e4m3 scales per 16.
     expert_packed = (2 * i * h + h * i) // 2 + (2 * i * h + h * i) // NVFP4_GROUP
     experts = m.moe_layers * m.experts * expert_packed // lay.tp
     experts += m.moe_layers * (m.experts // lay.ep * 3 * 4 + m.experts * 3 * 4)  # fp32 scale_2 (local), input scales
-    replicated_attn = h * m.q_lora + h * (m.kv_lora + m.qk_rope)  # q_a, kv_a
-    if m.index_head_dim:
-        replicated_attn += m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
-    kv_b = m.kv_lora * m.heads * (m.qk_nope + m.v_head)
-    split_attn = (
-        m.q_lora * m.heads * (m.qk_nope + m.qk_rope) + 2 * kv_b + m.heads * m.v_head * h
-    )  # q_b, kv_b+w_kc/w_vc, o
-    attention = m.layers * (replicated_attn + split_attn // lay.attn_tp) * BF16
+    attention = m.layers * (attn_replicated + attn_split // lay.attn_tp) * BF16
     fp4_allgather = lay.backend == "flashinfer_cutlass" and lay.attn_dp > 1 and lay.ep == lay.attn_dp
     shared_div = 1 if fp4_allgather else lay.tp
     shared = m.moe_layers * m.shared_experts * 3 * h * i * BF16 // shared_div
     dense = m.dense_layers * 3 * h * m.dense_inter * BF16 // lay.tp
     router = m.moe_layers * (m.experts * h * BF16 + m.experts * 4)
-    norms = (m.layers * (2 * h + m.q_lora + m.kv_lora + 2 * m.index_head_dim) + h) * BF16
+    norms = (m.layers * _layer_norms(m) + h) * BF16
     embed_div = lay.attn_tp if lay.attn_dp > 1 else lay.tp
     embed = m.vocab * h * BF16 // embed_div
     head = 0 if m.tie_embeddings else m.vocab * h * BF16 // (lay.attn_tp if lay.dp_lm_head else lay.tp)
-    return [
+    parts = [
         Part("routed experts (NVFP4)", experts, f"{m.experts // lay.ep} of {m.experts} experts x 1/{lay.tp // lay.ep}"),
         Part("attention (MLA + DSA indexer)", attention, f"a-proj and indexer replicated, the rest 1/{lay.attn_tp}"),
         Part("shared experts", shared, "replicated (FP4 all-gather path)" if shared_div == 1 else f"1/{lay.tp}"),
@@ -164,10 +173,47 @@ def weight_parts(m: ModelShape, lay: Layout) -> list[Part]:
         Part("lm_head", head, "tied" if m.tie_embeddings else f"1/{lay.attn_tp if lay.dp_lm_head else lay.tp}"),
         Part("router and norms", router + norms, "replicated"),
     ]
+    if lay.draft_layers:
+        parts += mtp_parts(m, lay)
+    return parts
 
 
-def kv_bytes_per_token(m: ModelShape, kv_dtype: str) -> int:
-    """KV-cache bytes per token on one attention rank, all layers (SGLang 0.5.23's MLA/DSA pool layout)."""
+def _attention_weights(m: ModelShape) -> tuple[int, int]:
+    """Weights of one MLA + DSA layer: (replicated on every GPU, split over the attention-TP group)."""
+    h = m.hidden
+    replicated = h * m.q_lora + h * (m.kv_lora + m.qk_rope)  # q_a, kv_a
+    if m.index_head_dim:
+        replicated += m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
+    kv_b = m.kv_lora * m.heads * (m.qk_nope + m.v_head)
+    split = m.q_lora * m.heads * (m.qk_nope + m.qk_rope) + 2 * kv_b + m.heads * m.v_head * h  # q_b, kv_b+w_kc/w_vc, o
+    return replicated, split
+
+
+def _layer_norms(m: ModelShape) -> int:
+    return 2 * m.hidden + m.q_lora + m.kv_lora + 2 * m.index_head_dim
+
+
+def mtp_parts(m: ModelShape, lay: Layout) -> list[Part]:
+    """The NEXTN draft model per GPU: the MTP layer(s) in BF16 (see the module docstring)."""
+    h, i, n = m.hidden, m.moe_inter, lay.draft_layers
+    experts = n * m.experts * 3 * h * i * BF16 // lay.tp
+    replicated, split = _attention_weights(m)
+    attention = replicated + split // lay.attn_tp
+    shared = m.shared_experts * 3 * h * i * BF16 // lay.tp
+    router = m.experts * h * BF16 + m.experts * 4
+    eh_proj = 2 * h * h * BF16  # nn.Linear: every GPU holds it
+    norms = (_layer_norms(m) + 3 * h) * BF16  # + enorm, hnorm, shared_head.norm
+    rest = n * (attention * BF16 + shared + router + eh_proj + norms)
+    return [
+        Part("MTP: routed experts (BF16)", experts,
+             f"{n} layer, {m.experts // lay.ep} of {m.experts} experts x 1/{lay.tp // lay.ep}"),
+        Part("MTP: attention and the rest", rest,
+             f"attention as above, shared expert 1/{lay.tp}, eh_proj replicated; embedding, lm_head shared"),
+    ]  # fmt: skip
+
+
+def kv_bytes_per_token(m: ModelShape, kv_dtype: str, draft_layers: int = 0) -> int:
+    """KV-cache bytes per token on one attention rank, all layers and the draft's (SGLang 0.5.23's MLA/DSA pools)."""
     latent = m.kv_lora + m.qk_rope
     if kv_dtype in ("auto", "bf16", "bfloat16"):
         per_layer = latent * BF16
@@ -179,7 +225,7 @@ def kv_bytes_per_token(m: ModelShape, kv_dtype: str) -> int:
         raise PlanError(f"--kv-cache-dtype {kv_dtype}: the planner knows auto, bfloat16, fp8_e4m3, fp8_e5m2")
     if m.index_head_dim:
         per_layer += m.index_head_dim + m.index_head_dim // DSA_QUANT_BLOCK * 4
-    return m.layers * per_layer
+    return (m.layers + draft_layers) * per_layer
 
 
 @dataclass(frozen=True)
@@ -196,6 +242,8 @@ class Plan:
     kv_bytes_per_token: int
     max_running_requests: int
     cuda_graph_max_bs_decode: int
+    spec_steps: int = 0  # --speculative-num-steps (0: no speculative decoding)
+    spec_draft_tokens: int = 0  # --speculative-num-draft-tokens: tokens per request in a verify pass
 
     @property
     def weights(self) -> int:
@@ -275,14 +323,26 @@ def make_plan(
         raise PlanError(f"--mem-fraction-static {ov['mem-fraction-static']}: expected a number") from None
     if not 0 < mem_fraction < 1:
         raise PlanError(f"--mem-fraction-static {mem_fraction}: expected a fraction between 0 and 1")
-    layout = Layout(tp, ep, attn_dp, backend, dp_lm_head)
-    max_running = _int(profile, ov, "max-running-requests", 256)
+    spec = str(ov.get(MTP_FLAG, profile.get(MTP_FLAG, "")) or "").upper()
+    draft_layers, steps, draft_tokens = 0, 0, 0
+    if spec:
+        if spec not in ("NEXTN", "EAGLE"):
+            raise PlanError(f"--{MTP_FLAG} {spec}: the planner knows NEXTN (the checkpoint's MTP layer as the draft)")
+        if not model.mtp_layers:
+            raise PlanError(f"--{MTP_FLAG} {spec}: {model_name} has no MTP layer (num_nextn_predict_layers is 0)")
+        draft_layers = model.mtp_layers
+        steps = _int(profile, ov, "speculative-num-steps", 3)  # SGLang 0.5.23's default for GLM-5: 3 steps, topk 1
+        topk = _int(profile, ov, "speculative-eagle-topk", 1)
+        draft_tokens = steps + 1 if topk == 1 else _int(profile, ov, "speculative-num-draft-tokens", 4)
+    layout = Layout(tp, ep, attn_dp, backend, dp_lm_head, draft_layers)
+    max_running = _int(profile, ov, "max-running-requests", 48 if spec else 256)  # 48: SGLang's default with spec
     graph_bs = min(_int(profile, ov, "cuda-graph-max-bs-decode", 256), math.ceil(max_running / attn_dp))
     kv_dtype = str(ov.get("kv-cache-dtype", profile.get("kv-cache-dtype", "auto")))
     memory = gpu_memory_gib if gpu_memory_gib is not None else profile.gpu_memory_gib
     plan = Plan(
         profile, model_name, model, layout, ctx, int(memory * GIB), mem_fraction, kv_dtype,
-        tuple(weight_parts(model, layout)), kv_bytes_per_token(model, kv_dtype), max_running, graph_bs,
+        tuple(weight_parts(model, layout)), kv_bytes_per_token(model, kv_dtype, draft_layers), max_running, graph_bs,
+        steps, draft_tokens,
     )  # fmt: skip
     if check:
         check_fits(plan)
@@ -310,12 +370,81 @@ def attn_dp_table(plan: Plan) -> list[tuple[int, int, int | None]]:
     """(attn-dp, weights per GPU, KV tokens in total or None when it does not fit) for each divisor of tp."""
     rows = []
     for d in (d for d in range(1, plan.layout.tp + 1) if plan.layout.tp % d == 0):
-        lay = Layout(plan.layout.tp, plan.layout.ep, d, plan.layout.backend, plan.layout.dp_lm_head)
+        lay = replace(plan.layout, attn_dp=d)
         weights = sum(p.bytes_per_gpu for p in weight_parts(plan.model, lay))
         pool = plan.static_budget - weights
         tokens = d * (pool // plan.kv_bytes_per_token) if pool >= plan.context * plan.kv_bytes_per_token else None
         rows.append((d, weights, tokens))
     return rows
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective in a decode step: ``calls`` calls over ``gpus`` GPUs, each moving the hidden states
+    (bf16) of ``tokens`` x R tokens, R being the running requests of the whole server."""
+
+    what: str  # which pass: target decode / target verify / draft
+    kind: str  # all-reduce | all-gather | reduce-scatter
+    gpus: int
+    tokens: float  # per request: 1/attn_dp for an attention-group reduce, x draft tokens in a verify pass
+    calls: int  # per decode step
+    purpose: str
+
+    def bytes_per_call(self, model: ModelShape, requests: int) -> float:
+        """The whole tensor (all GPUs' parts together)."""
+        return self.tokens * requests * model.hidden * BF16
+
+    def sent_per_gpu(self, model: ModelShape, requests: int) -> float:
+        """Bytes one GPU sends, ring algorithm: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
+        factor = (2 if self.kind == "all-reduce" else 1) * (self.gpus - 1) / self.gpus
+        return factor * self.bytes_per_call(model, requests) * self.calls
+
+
+SMALL_COLLECTIVE_S = 45e-6  # published: a 4 KB NCCL all-reduce on 8 PCIe RTX 6000-class cards takes ~45 us
+
+
+def collectives(plan: Plan) -> list[Collective]:
+    """The per-layer collectives of one decode step (module docstring); embedding and lm_head left out."""
+    lay, m = plan.layout, plan.model
+    passes = [("target decode", m.layers, 1.0)]
+    if lay.draft_layers:
+        d = plan.spec_draft_tokens
+        passes = [
+            (f"target verify ({d} tokens/request)", m.layers, float(d)),
+            (f"draft, {plan.spec_steps} steps", plan.spec_steps * lay.draft_layers, 1.0),
+            ("draft extend after verify", lay.draft_layers, float(d)),
+        ]
+    rows = []
+    for what, layers, tokens in passes:
+        if lay.attn_dp == 1:
+            rows.append(Collective(what, "all-reduce", lay.tp, tokens, layers, "attention output"))
+            rows.append(Collective(what, "all-reduce", lay.tp, tokens, layers, "MoE / MLP output"))
+            continue
+        if lay.attn_tp > 1:
+            rows.append(Collective(what, "all-reduce", lay.attn_tp, tokens / lay.attn_dp, layers,
+                                   "attention output, inside the attention-TP group"))  # fmt: skip
+        rows.append(Collective(what, "all-gather", lay.tp, tokens, layers, "every DP group's tokens, before MoE / MLP"))
+        rows.append(Collective(what, "reduce-scatter", lay.tp, tokens, layers, "MoE / MLP output back to the groups"))
+    return rows
+
+
+def format_communication(plan: Plan, requests: tuple[int, ...] = (1, 64)) -> list[str]:
+    m, rows = plan.model, collectives(plan)
+    lines = [
+        f"  communication per decode step, R running requests (model of SGLang 0.5.23's per-layer collectives; "
+        f"bf16 hidden states, {m.hidden * BF16:,} B per token; embedding and lm_head add a few per step):",
+        f"    {'pass':<33s} {'collective':<15s} {'GPUs':>4s}  {'tokens/call':>11s}  {'calls':>5s}  purpose",
+    ]
+    for c in rows:
+        tokens = "R" if c.tokens == 1 else (f"{c.tokens:g} R" if c.tokens > 1 else f"R/{round(1 / c.tokens)}")
+        lines.append(f"    {c.what:<33s} {c.kind:<15s} {c.gpus:>4d}  {tokens:>11s}  {c.calls:>5d}  {c.purpose}")
+    calls = sum(c.calls for c in rows)
+    sent = ", ".join(f"{sum(c.sent_per_gpu(m, r) for c in rows) / 1e6:.2f} MB at R={r}" for r in requests)
+    lines.append(
+        f"    total: {calls} collectives per step; sent per GPU: {sent}; at ~{SMALL_COLLECTIVE_S * 1e6:.0f} us per "
+        f"small PCIe collective (published) the count alone is ~{calls * SMALL_COLLECTIVE_S * 1e3:.1f} ms per step"
+    )
+    return lines
 
 
 def format_plan(plan: Plan) -> str:
@@ -341,7 +470,7 @@ def format_plan(plan: Plan) -> str:
         f"{plan.static_budget / GIB:.2f} GiB for weights + KV; {plan.kv_pool / GIB:.2f} GiB of KV cache; "
         f"{(plan.gpu_memory - plan.static_budget) / GIB:.2f} GiB left for activations and CUDA graphs",
         f"  KV cache: {plan.kv_bytes_per_token} bytes per token ({plan.kv_dtype}, MLA latent + DSA indexer key, "
-        f"{plan.model.layers} layers)",
+        f"{plan.model.layers} layers" + (f" + {lay.draft_layers} MTP draft layer)" if lay.draft_layers else ")"),
         f"  fits: {plan.tokens_per_rank:,} tokens per attention rank x {lay.attn_dp} = {plan.tokens_total:,} tokens; "
         f"{plan.requests_at_context} requests of the full --context {plan.context}",
         "  attention data parallelism (same tp/ep): attn-dp  weights/GPU  KV tokens in total",
@@ -350,6 +479,10 @@ def format_plan(plan: Plan) -> str:
         mark = "  <- this plan" if d == lay.attn_dp else ""
         fits = f"{tokens:,}" if tokens is not None else "does not fit"
         lines.append(f"    {d:>4d}  {weights / gb:7.2f} GB  {fits}{mark}")
+    if lay.draft_layers:
+        lines.append(f"  MTP: NEXTN draft ({lay.draft_layers} BF16 layer), {plan.spec_steps} draft steps, "
+                     f"{plan.spec_draft_tokens} tokens per request in each verify pass")  # fmt: skip
+    lines += format_communication(plan)
     return "\n".join(lines)
 
 
@@ -371,18 +504,21 @@ def add_cli(subparsers) -> None:
         "plan",
         help="weights and KV cache per GPU under a launch profile; refuses a plan that does not fit",
         description="Computes the weights per GPU (NVFP4 routed experts, BF16 rest, split as SGLang splits them), "
-        "the MLA + DSA KV-cache bytes per token, how many tokens and full-context requests fit, and the SGLang "
-        "flags that follow. Exit status 2 when the plan does not fit, with the shortfall.",
+        "the MLA + DSA KV-cache bytes per token, how many tokens and full-context requests fit, the collectives of a "
+        "decode step, and the SGLang flags that follow. Exit status 2 when the plan does not fit, with the shortfall.",
     )
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
     p.add_argument("--model-config", default=None, help="config.json or a model folder (default: GLM-5's shipped)")
     p.add_argument("--context", type=int, default=None, help="longest request in tokens (default: the profile's)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU (default: the profile's GPU)")
+    p.add_argument("--mtp", action="store_true", help="with the profile's [mtp] flags: the MTP layer as a NEXTN draft")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    if args.mtp:
+        profile = profile.with_mtp()
     model, name = load_model_config(args.model_config)
     plan = make_plan(profile, model, model_name=name, context=args.context, gpu_memory_gib=args.gpu_memory_gib)
     print(format_plan(plan))

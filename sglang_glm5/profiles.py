@@ -14,16 +14,24 @@ File format::
 
     [flags]                     # SGLang flag (without "--") = { value, reason }; true: a switch
     tp-size = { value = 8, reason = "..." }
+
+    [env]                       # optional: environment serve exports unless the caller already set it
+    NCCL_P2P_LEVEL = { value = "SYS", reason = "..." }
+
+    [mtp]                       # optional: flags added by --mtp (multi-token prediction); a flag named in
+    speculative-algorithm = { value = "NEXTN", reason = "..." }   # [flags] too is replaced by this value
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 
 DEFAULT_PROFILE = "rtx-pro-6000x8-ep8"
 _KEYS = {"description", "gpu", "gpu_memory_gib", "gpus_per_node", "context", "flags"}
+_OPTIONAL_KEYS = {"env", "mtp"}
+MTP_FLAG = "speculative-algorithm"  # a profile with this flag runs a draft model (NEXTN: the checkpoint's MTP layer)
 
 FlagValue = bool | int | float | str
 
@@ -44,6 +52,13 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class EnvVar:
+    name: str  # e.g. NCCL_P2P_LEVEL
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -52,6 +67,24 @@ class Profile:
     gpus_per_node: int
     context: int
     flags: tuple[Flag, ...]
+    env: tuple[EnvVar, ...] = ()
+    mtp_flags: tuple[Flag, ...] = ()  # the [mtp] table: what --mtp adds
+
+    @property
+    def mtp(self) -> bool:
+        """True when the profile runs a draft model (speculative decoding)."""
+        return self.get(MTP_FLAG) not in (None, False)
+
+    def with_mtp(self) -> Profile:
+        """This profile with its [mtp] flags: a flag of both tables takes the [mtp] value, in the [flags] place."""
+        if not self.mtp_flags:
+            raise ValueError(f"profile {self.name} has no [mtp] table; --mtp needs one of {', '.join(mtp_profiles())}")
+        if self.mtp:
+            return self
+        extra = {flag.name: flag for flag in self.mtp_flags}
+        flags = [extra.pop(flag.name, flag) for flag in self.flags]
+        return replace(self, description=f"{self.description}, MTP ({self.mtp_flags[0].value})",
+                       flags=(*flags, *extra.values()))  # fmt: skip
 
     def get(self, name: str, default: FlagValue | None = None) -> FlagValue | None:
         for flag in self.flags:
@@ -73,6 +106,11 @@ def profile_names() -> list[str]:
     return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
+def mtp_profiles() -> list[str]:
+    """The shipped profiles with an [mtp] table."""
+    return [name for name in profile_names() if load_profile(name).mtp_flags]
+
+
 def load_profile(name: str) -> Profile:
     """A shipped profile by name; ValueError naming the known ones when there is none."""
     known = profile_names()
@@ -87,21 +125,21 @@ def parse_profile(name: str, text: str) -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"profile {name}: not valid TOML ({e})") from None
-    unknown = set(data) - _KEYS
+    unknown = set(data) - _KEYS - _OPTIONAL_KEYS
     missing = _KEYS - set(data)
     if unknown or missing:
         raise ValueError(
-            f"profile {name}: expected keys {sorted(_KEYS)}, missing {sorted(missing)}, unknown {sorted(unknown)}"
+            f"profile {name}: expected keys {sorted(_KEYS)} (optional {sorted(_OPTIONAL_KEYS)}), "
+            f"missing {sorted(missing)}, unknown {sorted(unknown)}"
         )
-    flags = []
-    for flag_name, entry in data["flags"].items():
-        if not isinstance(entry, dict) or set(entry) != {"value", "reason"} or not str(entry["reason"]).strip():
-            raise ValueError(
-                f'profile {name}: flag {flag_name} must be {{ value = ..., reason = "..." }}, got {entry!r}'
-            )
-        if flag_name.startswith("-"):
-            raise ValueError(f"profile {name}: write flag {flag_name} without the leading dashes")
-        flags.append(Flag(flag_name, entry["value"], entry["reason"]))
+    env = []
+    for var, value, reason in _entries(name, "env", data.get("env", {})):
+        if not var.isupper() or not isinstance(value, str):
+            raise ValueError(f"profile {name}: env {var} must be an upper-case name with a string value, got {value!r}")
+        env.append(EnvVar(var, value, reason))
+    mtp_flags = tuple(_flags(name, "mtp", data.get("mtp", {})))
+    if mtp_flags and not any(flag.name == MTP_FLAG for flag in mtp_flags):
+        raise ValueError(f"profile {name}: the [mtp] table must set {MTP_FLAG}")
     return Profile(
         name=name,
         description=str(data["description"]),
@@ -109,5 +147,28 @@ def parse_profile(name: str, text: str) -> Profile:
         gpu_memory_gib=float(data["gpu_memory_gib"]),
         gpus_per_node=int(data["gpus_per_node"]),
         context=int(data["context"]),
-        flags=tuple(flags),
+        flags=tuple(_flags(name, "flags", data["flags"])),
+        env=tuple(env),
+        mtp_flags=mtp_flags,
     )
+
+
+def _entries(name: str, table: str, entries: dict) -> list[tuple[str, FlagValue, str]]:
+    """(key, value, reason) of a table of ``key = { value = ..., reason = "..." }``."""
+    out = []
+    for key, entry in entries.items():
+        if not isinstance(entry, dict) or set(entry) != {"value", "reason"} or not str(entry["reason"]).strip():
+            raise ValueError(
+                f'profile {name}: [{table}] {key} must be {{ value = ..., reason = "..." }}, got {entry!r}'
+            )
+        out.append((key, entry["value"], str(entry["reason"])))
+    return out
+
+
+def _flags(name: str, table: str, entries: dict) -> list[Flag]:
+    flags = []
+    for flag_name, value, reason in _entries(name, table, entries):
+        if flag_name.startswith("-"):
+            raise ValueError(f"profile {name}: write flag {flag_name} without the leading dashes")
+        flags.append(Flag(flag_name, value, reason))
+    return flags

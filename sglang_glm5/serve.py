@@ -47,7 +47,8 @@ LOCKED = {"tp-size": 1, "ep-size": 1, "nnodes": 1, "pp-size": 1, "dp-size": 1, "
 SERVE_OPTIONS = {"model-path": "--model", "host": "--host", "port": "--port", "node-rank": "--node-rank",
                  "dist-init-addr": "--dist-init-addr"}  # fmt: skip
 PLANNED = {"attn-dp-size", "kv-cache-dtype", "mem-fraction-static", "max-running-requests",
-           "cuda-graph-max-bs-decode", "moe-runner-backend", "context-length", "enable-dp-lm-head"}  # fmt: skip
+           "cuda-graph-max-bs-decode", "moe-runner-backend", "context-length", "enable-dp-lm-head",
+           "speculative-algorithm", "speculative-num-steps", "speculative-eagle-topk"}  # fmt: skip
 _HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -136,7 +137,7 @@ def _check_port(host: str, port: int) -> None:
             raise ValueError(f"--port {port} on {host} is not free ({e.strerror}); choose another --port") from None
 
 
-def _environment(backend: str) -> tuple[dict[str, str], dict[str, str]]:
+def _environment(backend: str, profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
     env = dict(os.environ)
     changes: dict[str, str] = {}
     if backend == guard.BACKEND_NAME:
@@ -148,6 +149,9 @@ def _environment(backend: str) -> tuple[dict[str, str], dict[str, str]]:
         allowed = env.get("SGLANG_PLUGINS", "")
         if allowed and PLUGIN_NAME not in {x.strip() for x in allowed.split(",")}:
             changes["SGLANG_PLUGINS"] = f"{allowed},{PLUGIN_NAME}"  # the whitelist must name our plugin
+    for var in profile.env:  # the profile's [env] (NCCL on PCIe): the caller's own value wins
+        if var.name not in env:
+            changes[var.name] = var.value
     env.update(changes)
     return env, changes
 
@@ -155,6 +159,8 @@ def _environment(backend: str) -> tuple[dict[str, str], dict[str, str]]:
 def build(args: argparse.Namespace) -> tuple[Launch, object]:
     """The SGLang command and environment for ``args`` (serve's options), and the plan behind them."""
     profile = load_profile(args.profile)
+    if getattr(args, "mtp", False):
+        profile = profile.with_mtp()
     extras = parse_extras(list(args.extra))
     _check_extras(profile, extras, args)
     config_path, notes = _check_model(args.model)
@@ -203,7 +209,7 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
         if extra.name != "api-key":
             flags += extra.tokens
     backend = str(planned.get("moe-runner-backend", profile.get("moe-runner-backend", "auto")))
-    env, changes = _environment(backend)
+    env, changes = _environment(backend, profile)
     return Launch([sys.executable, *LAUNCHER, *flags], env, changes, notes), plan
 
 
@@ -234,6 +240,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--nnodes", type=int, default=None, help="nodes (multi-node profiles; default: the profile's)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0 on the node that serves HTTP")
     p.add_argument("--dist-init-addr", default=None, help="node 0's HOST:PORT for the multi-node rendezvous")
+    p.add_argument("--mtp", action="store_true", help="multi-token prediction: the profile's [mtp] flags (NEXTN)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
     p.add_argument("extra", nargs="*", help="extra SGLang arguments, after --")
     p.set_defaults(func=run)

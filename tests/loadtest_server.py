@@ -1,4 +1,4 @@
-"""A fake SGLang server for the load-test tests: SSE in SGLang's OpenAI format with known delays.
+"""A fake SGLang server for the load-test and router tests: SSE in SGLang's OpenAI format with known delays.
 
 Each POST gets the next behaviour of a cycle: "ok" (role chunk at once, first token after `ttft`,
 then one token every `gap`, a usage chunk, [DONE]), "close" (3 tokens, then the socket closes),
@@ -14,8 +14,9 @@ server without them); `die_after=N` shuts the whole server down on request N + 1
 Token k (0-based) is sent at request_time + ttft + k * gap on an absolute schedule, so sleep jitter
 does not accumulate. Binds 127.0.0.1 on an ephemeral port (or `port`).
 
-`python tests/loadtest_server.py --port P [--perturb X] [--wrong-every N]` serves one until it is
-killed or --lifetime seconds have passed (scripts/run_loadtest.sh's test starts it as its "server").
+`python tests/loadtest_server.py [--port P] [--perturb X] [--wrong-every N] [--lifetime S]` serves one in a
+process of its own (scripts/run_loadtest.sh's test starts it as its "server"; the router test kills one to
+stop a worker mid-run): it prints its URL on the first line of stdout and exits after --lifetime seconds.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class FakeSGLang:
         self.stopping = threading.Event()
         self.requests = 0
         self.flushes = 0
+        self.unknown: list[str] = []  # requests for paths the fake does not serve, e.g. "GET /metrics"
         handler = type("Handler", (_Handler,), {"fake": self})
         self.httpd = _Server(("127.0.0.1", port), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -142,13 +144,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path == "/fake_stats":  # the test's own window into this server (not an SGLang endpoint)
+            self._json({"requests": self.fake.requests, "flushes": self.fake.flushes, "unknown": self.fake.unknown})
+            return
+        # What SGLang 0.5.23's HTTP server answers (srt/entrypoints/http_server.py), as far as the load test and
+        # SGLang's router ask: the router reads /server_info and /model_info and names the engine by owned_by.
+        if self.path in ("/health", "/health_generate", "/ready"):
             self._json({})
-        elif self.path == "/get_server_info":
-            self._json({"model_path": MODEL, "tp_size": 1, "moe_runner_backend": "fake", "version": "0.0-test"})
+        elif self.path in ("/server_info", "/get_server_info"):
+            self._json({"model_path": MODEL, "tp_size": 1, "dp_size": 1, "moe_runner_backend": "fake",
+                        "version": "0.0-test", "frontend": "python"})  # fmt: skip
+        elif self.path in ("/model_info", "/get_model_info"):
+            self._json({"model_path": MODEL, "served_model_name": MODEL, "tokenizer_path": MODEL,
+                        "is_generation": True, "model_type": "glm_moe_dsa"})  # fmt: skip
         elif self.path == "/v1/models":
-            self._json({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            self._json({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "sglang"}]})
         else:
+            self.fake.unknown.append(f"GET {self.path}")
             self._json({"error": "not found"}, 404)
 
     def do_POST(self) -> None:
@@ -158,6 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({})
             return
         if self.path not in ("/v1/chat/completions", "/generate"):
+            self.fake.unknown.append(f"POST {self.path}")
             self._json({"error": "not found"}, 404)
             return
         t0 = time.perf_counter()
@@ -181,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         native = self.path == "/generate"
-        n = body["sampling_params"]["max_new_tokens"] if native else body["max_tokens"]
+        n = body["sampling_params"]["max_new_tokens"] if native else _max_tokens(body)
         if not native:
             self._event(self._chat_chunk({"role": "assistant", "content": ""}, None))
         for k in range(n):
@@ -235,11 +248,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
+def _max_tokens(body: dict[str, Any]) -> int:
+    # SGLang's router forwards the OpenAI field under its newer name.
+    return body.get("max_tokens") or body.get("max_completion_tokens") or 1
+
+
 def main() -> None:
+    import sys
+
     from sglang_glm5.loadtest import corpus
 
     ap = argparse.ArgumentParser(description="a fake SGLang server on 127.0.0.1, for tests")
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", type=int, default=0, help="port (default: an ephemeral one)")
+    ap.add_argument("--ttft", type=float, default=0.01)
+    ap.add_argument("--gap", type=float, default=0.002)
     ap.add_argument("--perturb", type=float, default=0.0, help="noise scale on the toy model's logits")
     ap.add_argument("--wrong-every", type=int, default=0, help="answer every N-th generated problem wrong")
     ap.add_argument("--problems", type=int, default=corpus.DEFAULT_PROBLEMS, help="generated problems it knows")
@@ -248,9 +270,11 @@ def main() -> None:
     problems = corpus.generated_problems(args.problems)
     wrong = {p.question for i, p in enumerate(problems) if args.wrong_every and i % args.wrong_every == 0}
     answers = {p.question: p.answer for p in problems}
-    fake = FakeSGLang(0.01, 0.002, perturb=args.perturb, noise_seed=1, answers=answers, wrong=frozenset(wrong),
-                      port=args.port)  # fmt: skip
+    fake = FakeSGLang(args.ttft, args.gap, perturb=args.perturb, noise_seed=1, answers=answers,
+                      wrong=frozenset(wrong), port=args.port)  # fmt: skip
     with fake:
+        print(fake.url, flush=True)
+        sys.stdout.close()
         fake.stopping.wait(args.lifetime)
 
 

@@ -127,7 +127,7 @@ def test_fp8_kv_fits_the_full_context(glm5):
 
 
 def test_bad_profile_files_are_named():
-    with pytest.raises(ValueError, match="flag tp-size must be"):
+    with pytest.raises(ValueError, match=r"\[flags\] tp-size must be"):
         parse_profile(
             "x", 'description="d"\ngpu="h200"\ngpu_memory_gib=1\ngpus_per_node=1\ncontext=1\n[flags]\ntp-size=8\n'
         )

@@ -97,10 +97,14 @@ def test_load_plugins_same_process(sg, monkeypatch):
     assert sg.moe_utils.resolve_moe_runner_backend(guard.BACKEND_NAME).value == guard.BACKEND_NAME
     for name, fn in _method_attrs(sg).items():
         assert getattr(fn, hooks.MARKER, False), f"{name} not hooked"
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    assert getattr(FusedMoE.__dict__["__init__"], hooks.MARKER, False), "FusedMoE.__init__ not hooked"
 
 
 def _child_report() -> dict:
     from sglang.srt.arg_groups.choices import MOE_RUNNER_BACKEND_CHOICES
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.utils import resolve_moe_runner_backend
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptNvFp4FusedMoEMethod
     from sglang.srt.plugins import load_plugins
@@ -115,6 +119,7 @@ def _child_report() -> dict:
         "choice": "nvfp4_triton" in MOE_RUNNER_BACKEND_CHOICES,
         "resolves": resolve_moe_runner_backend("nvfp4_triton").value,
         "apply_hooked": hasattr(ModelOptNvFp4FusedMoEMethod.apply, "__wrapped__"),
+        "layers_hooked": hasattr(FusedMoE.__init__, "__wrapped__"),
     }
 
 
@@ -123,7 +128,8 @@ def test_load_plugins_in_spawned_child():
     with ctx.Pool(1) as pool:
         report = pool.apply(_child_report)
     assert report == {
-        "before": False, "applied": True, "choice": True, "resolves": "nvfp4_triton", "apply_hooked": True
+        "before": False, "applied": True, "choice": True, "resolves": "nvfp4_triton", "apply_hooked": True,
+        "layers_hooked": True,
     }  # fmt: skip
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from sglang_glm5 import cli, serve
 from sglang_glm5.plan import load_model_config
+from sglang_glm5.profiles import DEFAULT_PROFILE as DEFAULT
 from sglang_glm5.profiles import load_profile, profile_names
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,9 +51,17 @@ def _dry_run(capsys, model_dir: Path, *args: str) -> list[str]:
     rc = cli.main(["serve", "--model", str(model_dir), "--port", str(_free_port()), "--dry-run", *args])
     out = capsys.readouterr().out
     assert rc == 0, out
-    argv = shlex.split(out.strip().splitlines()[-1])
+    argv = _command(out)
     assert argv[:3] == LAUNCHER, argv
     return argv[3:]
+
+
+def _command(out: str) -> list[str]:
+    """The printed command (the last line) as argv, without the environment it sets (NAME=value in front)."""
+    argv = shlex.split(out.strip().splitlines()[-1])
+    while argv and "=" in argv[0] and not argv[0].startswith("-"):
+        argv.pop(0)
+    return argv
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,9 +210,10 @@ def test_plugin_environment(model_dir, monkeypatch):
     monkeypatch.setenv("SGLANG_PLUGINS", "other")
     launch, _ = serve.build(_serve_args(model_dir))
     assert launch.env["SGLANG_PLUGINS"] == "other,sglang_glm5" and launch.env_changes == {
-        "SGLANG_PLUGINS": "other,sglang_glm5"
+        "SGLANG_PLUGINS": "other,sglang_glm5",
+        **{var.name: var.value for var in load_profile(DEFAULT).env},
     }
-    assert serve.shown_command(launch).startswith("SGLANG_PLUGINS=other,sglang_glm5 python -m sglang.launch_server")
+    assert serve.shown_command(launch).startswith("SGLANG_PLUGINS=other,sglang_glm5 NCCL_")
 
 
 def test_serve_execs_the_launcher_and_hides_the_key(model_dir, monkeypatch, capsys):
@@ -239,7 +249,7 @@ def test_launch_server_script_dry_run(sg, model_dir):
     script = str(REPO / "scripts" / "launch_server.sh")
     out = subprocess.run([script, str(model_dir), "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    argv = _command(out.stdout)
     args = _check_round_trip(sg, argv[3:])
     assert args.tp_size == 8 and args.ep_size == 8 and args.moe_runner_backend == "nvfp4_triton"
     assert "plan: GLM-5" not in out.stderr and "808,156 tokens" in out.stderr  # the plan, read from the folder
@@ -248,7 +258,7 @@ def test_launch_server_script_dry_run(sg, model_dir):
     out = subprocess.run([script, str(model_dir), "--dry-run", "--", "--moe-runner-backend", "flashinfer_cutlass"],
                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    args = _check_round_trip(sg, shlex.split(out.stdout.strip().splitlines()[-1])[3:])
+    args = _check_round_trip(sg, _command(out.stdout)[3:])
     assert (args.nnodes, args.node_rank, args.tp_size, args.ep_size) == (2, 1, 16, 16)
     assert args.moe_runner_backend == "flashinfer_cutlass"
 
