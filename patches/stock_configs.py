@@ -69,7 +69,9 @@ def apply(arch: int | None = None) -> bool:
         return False
     if arch is None:
         arch = detect_arch()
-    if arch is None or arch // 10 != 12:
+    from sglang_glm5.hardware import is_sm12x
+
+    if arch is None or not is_sm12x(arch):
         return False
     os.environ[ENV] = config_dir()
     logger.info(
