@@ -297,14 +297,13 @@ def threshold_for(target, shape) -> float:
 
     A tuner that found W4A4 never faster stored None: then never (infinity).
     """
-    from sglang_glm5 import autotune
     from sglang_glm5.shapes import MoeShape
-    from sglang_glm5.w4a4 import MIN_TOKENS_PER_EXPERT
+    from sglang_glm5.w4a4 import MIN_TOKENS_PER_EXPERT, load_threshold
 
     env = min_tokens_from_env()
     if env is not None:
         return env
-    stored = autotune.load_w4a4_threshold(target, MoeShape(*_shape_tuple(shape)))
+    stored = load_threshold(target, MoeShape(*_shape_tuple(shape)))
     if stored is None:
         return float(MIN_TOKENS_PER_EXPERT)
     return math.inf if stored["min_tokens_per_expert"] is None else float(stored["min_tokens_per_expert"])

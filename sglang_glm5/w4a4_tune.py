@@ -63,6 +63,7 @@ def feasible_candidates(
         search_space(bucket), target, report,
         lambda cfg: w4a4.model_shared_bytes(kernel, cfg),
         lambda configs: w4a4.compiled_shared_bytes_many([(kernel, cfg) for cfg in configs], target.arch),
+        verdicts=report.verdicts_for(kernel),
     )  # fmt: skip
 
 
@@ -73,6 +74,7 @@ def tune(
     bench: Bench | None,
     *,
     progress: Callable[[str], None] | None = None,
+    survey: bool = False,
 ) -> tuple[dict[str, Entry], TuneReport]:
     """``autotune.run_tuner`` for the W4A4 kernels (SM12x targets only). A candidate that fails to compile
     or launch on the GPU (never run on SM120 before) is skipped and counted, not fatal."""
@@ -80,13 +82,13 @@ def tune(
     space = autotune.TuneSpace(
         name="W4A4 ",
         kernels=w4a4.KERNELS,
-        key=lambda kernel, bucket: autotune.w4a4_cache_key(target, kernel, shape, bucket),
+        key=lambda kernel, bucket, measured: w4a4.cache_key(target, kernel, shape, bucket, measured=measured),
         heuristic=w4a4.heuristic_config,
         search_space=search_space,
         fits=lambda kernel, cfg: _w4a4_fits(kernel, cfg, target),
         feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
     )
-    return autotune.run_tuner(space, target, buckets, bench, progress)
+    return autotune.run_tuner(space, target, buckets, bench, progress, survey=survey)
 
 
 def threshold_from_timings(timings: dict[int, tuple[float, float]]) -> int | None:
@@ -221,26 +223,29 @@ def tune_command(args) -> int:
     total = TuneReport()
     for shape in shapes:
         entries, report = tune(
-            target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress
-        )
+            target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress,
+            survey=not args.no_survey,
+        )  # fmt: skip
         autotune.store(out, target, entries)
-        for field in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
-            setattr(total, field, getattr(total, field) + getattr(report, field))
+        total.add(report)
         if measure:
             timings = {}
             run = op_bencher(shape, seed)
             for bucket in buckets:
-                picked = [entries[autotune.w4a4_cache_key(target, k, shape, bucket)].config for k in w4a4.KERNELS]
+                picked = [entries[w4a4.cache_key(target, k, shape, bucket, measured=True)].config
+                          for k in w4a4.KERNELS]  # fmt: skip
                 timings[bucket] = run(bucket, MoeConfig(*picked))
                 print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
             threshold = threshold_from_timings(timings)
-            autotune.store_w4a4_threshold(out, target, shape, threshold, measured=True, timings=timings)
+            w4a4.store_threshold(out, target, shape, threshold, measured=True, timings=timings)
             said = "never (W4A4 not faster)" if threshold is None else f"{threshold} tokens per expert (measured)"
         else:
             threshold = w4a4.MIN_TOKENS_PER_EXPERT
-            autotune.store_w4a4_threshold(out, target, shape, threshold, measured=False)
+            w4a4.store_threshold(out, target, shape, threshold, measured=False)
             said = f"{threshold} tokens per expert (the default, not measured)"
         print(f"\ntune: {shape}: {len(entries)} W4A4 entries, auto picks W4A4 from {said} -> {out}")
+    for line in total.space_lines(target, "W4A4 "):
+        print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
     print(
