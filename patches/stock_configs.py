@@ -50,8 +50,9 @@ def _torch_arch() -> int | None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    from sglang_glm5.hardware import device_arch
+
+    return device_arch()
 
 
 def config_dir() -> str:

@@ -31,16 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_glm5 import nvfp4
+from sglang_glm5 import hardware, nvfp4
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.w4a4_select import resolve_path, sm12x_problem
 
 __all__ = [
     "MIN_TOKENS_PER_EXPERT",
     "heuristic_config",
     "nvfp4_fused_moe_w4a4",
     "nvfp4_fused_moe_w4a4_emulated",
-    "resolve_path",  # defined in sglang_glm5.w4a4_select, importable from here too
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +416,7 @@ def nvfp4_fused_moe_w4a4(
     (sm_90 compiles dot_scaled to a bf16 upcast).
     NOT YET RUN ON SM120 HARDWARE.
     """
-    got = sm12x_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
+    got = hardware.w4a4_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
     if got is not None:
         raise RuntimeError(f"nvfp4_fused_moe_w4a4 needs an SM12x (Blackwell workstation) CUDA GPU, got {got}")
     return _run(

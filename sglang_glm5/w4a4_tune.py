@@ -22,7 +22,7 @@ import torch
 
 from sglang_glm5 import autotune, nvfp4, w4a4
 from sglang_glm5.autotune import Bench, Entry, TuneReport
-from sglang_glm5.hardware import GpuTarget
+from sglang_glm5.hardware import GpuTarget, runs_w4a4
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
@@ -34,7 +34,7 @@ TUNE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens per expert; W4A
 
 
 def _require_sm12x(target: GpuTarget) -> None:
-    if target.arch // 10 != 12:
+    if not runs_w4a4(target.arch):
         raise ValueError(f"W4A4 runs only on SM12x targets (rtx-pro-6000, sm120, ...), got {target.name} ({target.sm})")
 
 
@@ -202,15 +202,15 @@ def tune_command(args) -> int:
     default threshold, marked measured: false. Exit 2 for a non-SM12x target or --target local off SM12x."""
     import os
 
-    from sglang_glm5.hardware import detect, resolve
+    from sglang_glm5.hardware import detect, resolve, w4a4_problem
     from sglang_glm5.shapes import parse_shape
-    from sglang_glm5.w4a4_select import clear_memo, sm12x_problem
+    from sglang_glm5.w4a4_select import clear_memo
 
-    local_problem = sm12x_problem(torch.device("cuda"))
+    local_problem = w4a4_problem(torch.device("cuda"))
     if args.target == "local" and local_problem is not None:
         return _not_sm12x(local_problem)
     target = resolve(args.target)
-    if target.arch // 10 != 12:
+    if not runs_w4a4(target.arch):
         return _not_sm12x(f"target {target.name} ({target.sm})")
     shapes = [parse_shape(s) for s in args.shape]
     local = detect() if local_problem is None else None
