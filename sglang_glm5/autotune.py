@@ -162,10 +162,8 @@ def _unfit_reason(key: str, entry: Entry, target: GpuTarget) -> str | None:
     if not target.fits(entry.shared_bytes):
         return f"{entry.shared_bytes} B of shared memory exceeds {target.name}'s {target.shared_per_block} B"
     if not _is_w4a4_key(key):  # W4A4 entries keep their own rules (sglang_glm5.w4a4)
-        from sglang_glm5.moe import _check_block_k
-
         try:
-            _check_block_k(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
+            tiles.check_w4a16_config(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
         except ValueError as e:
             return str(e)
     return None

@@ -70,6 +70,13 @@ class MoeConfig:
     gemm2: GemmConfig
 
 
+def check_w4a16_config(cfg: GemmConfig) -> None:
+    """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
+    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64."""
+    if cfg.block_k < 64:
+        raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
+
+
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     """A config that is correct everywhere and small enough for any target's shared memory.
 

@@ -287,7 +287,7 @@ def _worker() -> None:
 # Launch: the compiled path on SM12x; ``emulate_dot`` (the interpreter tests) swaps dot_scaled out.
 
 
-def _quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (packed [T, H/2] uint8, e4m3 scales [T, H/16] uint8) with the global scale a1 [1] fp32."""
     import triton
 
@@ -304,8 +304,8 @@ def _quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tens
     return xq, xs
 
 
-def _launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
-                  gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
+def launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
+                 gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
     import triton
 
     from sglang_glm5.kernels import nvfp4_w4a4 as k
@@ -325,8 +325,8 @@ def _launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: Gemm
     )  # fmt: skip
 
 
-def _launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
-                  emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
+def launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
+                 emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
     import triton
 
     from sglang_glm5.kernels import nvfp4_w4a4 as k
@@ -375,15 +375,15 @@ def _run(
     topk_ids = topk_ids.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
 
-    xq, xs = _quantize_activations(hidden_states, a1)
+    xq, xs = quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
     route1, route2 = routes_for(topk_ids, num_experts, cfg)
-    _launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
-                  gate_row0, up_row0, emulate_dot)  # fmt: skip
+    launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
+                 gate_row0, up_row0, emulate_dot)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    _launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
-                  y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
+    launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
+                 y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 

@@ -317,10 +317,12 @@ _told: set[tuple] = set()  # (what, device key, ...) already logged once
 
 
 def clear_memo() -> None:
-    """Forget what resolve_path read (device facts, records, thresholds, verdicts) and the W4A4 tiles
-    pick_config memoized."""
+    """Forget what resolve_path read (device facts, records, thresholds, verdicts), the kernel digest and
+    the W4A4 tiles pick_config memoized."""
+    global _digest
     from sglang_glm5 import w4a4
 
+    _digest = None
     for memo in (_devices, _records, _thresholds, _verdicts, _told):
         memo.clear()
     w4a4.clear_memo()

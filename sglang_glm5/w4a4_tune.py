@@ -130,7 +130,7 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
             x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
             a1 = (x.float().abs().max() / 2688.0).reshape(1)
-            xq, xs = w4a4._quantize_activations(x, a1)
+            xq, xs = w4a4.quantize_activations(x, a1)
             h = nvfp4.quantize(torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda"))
             a2 = h.global_scale.float().reshape(1).expand(shape.num_experts).contiguous()
             inputs[bucket] = (xq, xs, a1, h.packed, h.scale.view(torch.uint8), a2, weights.reshape(-1), ids)
@@ -142,12 +142,12 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
                 hq_out, hs_out = torch.empty_like(hq), torch.empty_like(hs)
-                w4a4._launch_gemm1(xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out,
-                              cfg, shape.top_k, 0, shape.inter, False)  # fmt: skip
+                w4a4.launch_gemm1(xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out,
+                                  cfg, shape.top_k, 0, shape.inter, False)  # fmt: skip
             else:
                 y = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
-                w4a4._launch_gemm2(hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg,
-                              False, False)  # fmt: skip
+                w4a4.launch_gemm2(hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg,
+                                  False, False)  # fmt: skip
 
         return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")
 
