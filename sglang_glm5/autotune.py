@@ -152,7 +152,7 @@ def clear_reports() -> None:
 
 
 def _is_w4a4_key(key: str) -> bool:
-    """Whether a cache key is one of ``w4a4_cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
+    """Whether a cache key is one of ``w4a4.cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
     fields = key.split("|")
     return len(fields) > 2 and fields[2].startswith("w4a4_")
 
@@ -299,9 +299,6 @@ def search_space(bucket: int) -> list[GemmConfig]:
     else:
         space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
     return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
-
-
-RULED_OUT = ("model", "compiler")  # what ruled a candidate out: the shared-memory model, the AOT compile
 
 
 @dataclass
