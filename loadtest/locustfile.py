@@ -4,7 +4,7 @@
         --lt-records requests.jsonl --lt-input-len 1024 --lt-output-len 256
 
 `sglang-glm5 loadtest run` drives this file in a subprocess; it can also run on its own as above.
-Measurement rules (see FACTS.md, "Load testing"):
+Measurement rules (how Locust 2.47 behaves, and what each rule avoids):
 - The body is read with `resp.stream.readline()`: FastHttpUser's `iter_lines()` waits for 1 KiB and
   would inflate TTFT.
 - With `stream=True` Locust stops the clock at the response headers; the row's response_time is set

@@ -107,9 +107,11 @@ def init_hook(original, self, quant_config):
         layers.claim_layer()
     elif not _selected():
         return original(self, quant_config)
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
-        major, minor = torch.cuda.get_device_capability()
-        raise ValueError(f"--moe-runner-backend {BACKEND_NAME} needs an SM80+ GPU, got sm{major}{minor}")
+    from sglang_glm5 import hardware
+
+    arch = hardware.device_arch()
+    if arch is not None and not hardware.runs_w4a16(arch):
+        raise ValueError(f"--moe-runner-backend {BACKEND_NAME} needs an SM80+ GPU, got sm{arch}")
     with _nvfp4_platform_check_passed():
         original(self, quant_config)
 

@@ -50,8 +50,9 @@ def _torch_arch() -> int | None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    from sglang_glm5.hardware import device_arch
+
+    return device_arch()
 
 
 def config_dir() -> str:
@@ -69,7 +70,9 @@ def apply(arch: int | None = None) -> bool:
         return False
     if arch is None:
         arch = detect_arch()
-    if arch is None or arch // 10 != 12:
+    from sglang_glm5.hardware import is_sm12x
+
+    if arch is None or not is_sm12x(arch):
         return False
     os.environ[ENV] = config_dir()
     logger.info(

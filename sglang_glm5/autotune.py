@@ -1,14 +1,25 @@
 """The tile-config cache and the tuner.
 
-Cache key: target (short name and arch), kernel, GEMM shape (E, N, K), bucket of tokens per expert
-(a power of two). Value: the config, its shared memory on the target, its measured time in ms (or
-``measured: false`` when chosen offline), the Triton version.
+Cache key: owner, kernel, GEMM shape (E, N, K), bucket of tokens per expert (a power of two). Value:
+the config, its shared memory on the target, its measured time in ms (or ``measured: false`` when
+chosen offline), the Triton version.
 
-Lookup order: the user's cache ($SGLANG_GLM5_CACHE_DIR, default ~/.cache/sglang_glm5), then the
-caches shipped in ``configs/autotune/``, then ``tiles.heuristic_config``. A file that cannot be read,
-or an entry that is malformed, no longer fits the target's shared memory or breaks a rule of the
-kernels (W4A16: block_k >= 64), is reported once and skipped: a cache never stops a server. Writes are
-locked and atomic, so 8 ranks may tune at once.
+The owner is whom an entry speaks for (``owner``). A measured entry is a time taken on one kind of GPU:
+"NAME|sm_XY", the target's short name and arch (``h200|sm_90``). An unmeasured entry is a config the
+shared-memory model and Triton's ahead-of-time compile for sm_XY found feasible, a fact about the
+architecture and the shared memory per block: "sm_XY|shared=BYTES" (``sm_120|shared=101376``), read by
+every GPU that has both (an RTX PRO 6000 Workstation, Server or Max-Q, an RTX 5090). A lookup prefers
+the target's measured entry to its architecture's unmeasured one. Unmeasured entries stored under
+"NAME|sm_XY" by earlier versions are still read by that target.
+
+Files: every ``*.json`` in the user's folder ($SGLANG_GLM5_CACHE_DIR/autotune, default
+~/.cache/sglang_glm5/autotune), then every one shipped in ``sglang_glm5.configs/autotune``
+(``importlib.resources``, so an installed wheel finds them); in each folder the target's own file
+(``NAME.json``) first, then the rest by name. Entries are picked by key, never by file name: earlier
+files win for the same key, the user's over the shipped ones. Then ``tiles.heuristic_config``. A file
+that cannot be read, or an entry of this target that is malformed, no longer fits the target's shared
+memory or breaks a rule of the kernels (W4A16: ``tiles.check_w4a16_config``), is reported once and
+skipped: a cache never stops a server. Writes are locked and atomic, so 8 ranks may tune at once.
 
 Tuning happens offline (``sglang-glm5 tune``), never inside a request.
 """
@@ -20,7 +31,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -86,10 +97,23 @@ def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
 NEAREST_OCTAVES = 2
 
 
-def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> str:
+def owner(target: GpuTarget, *, measured: bool) -> str:
+    """The first two fields of an entry's key (module docstring): "NAME|sm_XY" for a measured entry,
+    "sm_XY|shared=BYTES" for an unmeasured one."""
+    if measured:
+        return f"{target.name}|sm_{target.arch}"
+    return f"sm_{target.arch}|shared={target.shared_per_block}"
+
+
+def owners(target: GpuTarget) -> tuple[str, str]:
+    """The owners whose entries a target reads, preferred first: its own measured ones, then its architecture's."""
+    return owner(target, measured=True), owner(target, measured=False)
+
+
+def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: Bucket, *, measured: bool) -> str:
     """The entry's key; ``KERNEL_REVISION`` in it retires entries tuned for an earlier kernel design."""
     e, n, k = enk
-    return f"{target.name}|sm_{target.arch}|{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
+    return f"{owner(target, measured=measured)}|{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
 
 
 @dataclass(frozen=True)
@@ -109,25 +133,52 @@ class Entry:
         }
 
 
+def shipped_dir() -> Path:
+    """The caches shipped with the package (found through importlib.resources: works in a wheel install)."""
+    return Path(str(resources.files("sglang_glm5.configs").joinpath("autotune")))
+
+
+def user_dir() -> Path:
+    return cache_dir() / "autotune"
+
+
 def shipped_cache_path(target: GpuTarget) -> Path:
-    return Path(str(resources.files("sglang_glm5.configs"))) / "autotune" / f"{target.name}.json"
+    return shipped_dir() / f"{target.name}.json"
 
 
 def user_cache_path(target: GpuTarget) -> Path:
-    return cache_dir() / "autotune" / f"{target.name}.json"
+    """Where ``sglang-glm5 tune`` writes by default."""
+    return user_dir() / f"{target.name}.json"
+
+
+def cache_files(target: GpuTarget) -> list[Path]:
+    """The files a target reads, earlier ones winning (module docstring): the user's folder, then the
+    shipped one; in each the target's own file first, then the others by name."""
+    files = []
+    for folder in (user_dir(), shipped_dir()):
+        own = folder / f"{target.name}.json"
+        others = sorted(p for p in folder.glob("*.json") if p != own) if folder.is_dir() else []
+        files += [own, *others]
+    return files
 
 
 _reported: set[str] = set()
 
 
-def _report_once(message: str) -> None:
+def report_once(message: str) -> None:
+    """Log a cache problem as a warning, once per process (until ``clear_reports``)."""
     if message not in _reported:
         _reported.add(message)
         log.warning(message)
 
 
+def clear_reports() -> None:
+    """Forget which problems were reported, so that the next lookup reports them again (tests)."""
+    _reported.clear()
+
+
 def _is_w4a4_key(key: str) -> bool:
-    """Whether a cache key is one of ``w4a4_cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
+    """Whether a cache key is one of ``w4a4.cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
     fields = key.split("|")
     return len(fields) > 2 and fields[2].startswith("w4a4_")
 
@@ -137,10 +188,8 @@ def _unfit_reason(key: str, entry: Entry, target: GpuTarget) -> str | None:
     if not target.fits(entry.shared_bytes):
         return f"{entry.shared_bytes} B of shared memory exceeds {target.name}'s {target.shared_per_block} B"
     if not _is_w4a4_key(key):  # W4A4 entries keep their own rules (sglang_glm5.w4a4)
-        from sglang_glm5.moe import _check_block_k
-
         try:
-            _check_block_k(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
+            tiles.check_w4a16_config(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
         except ValueError as e:
             return str(e)
     return None
@@ -150,29 +199,40 @@ def _parse_entry(key: str, raw: object, target: GpuTarget, path: Path) -> Entry 
     try:
         entry = Entry(GemmConfig(**raw["config"]), int(raw["shared_bytes"]), raw.get("ms"), str(raw["triton"]))
     except (TypeError, KeyError, ValueError) as e:
-        _report_once(f"{path}: skipping malformed entry {key!r} ({type(e).__name__}: {e})")
+        report_once(f"{path}: skipping malformed entry {key!r} ({type(e).__name__}: {e})")
         return None
     unfit = _unfit_reason(key, entry, target)
     if unfit is not None:
-        _report_once(f"{path}: skipping {key!r}: {unfit}")
+        report_once(f"{path}: skipping {key!r}: {unfit}")
         return None
     return entry
 
 
-def _load_entries(path: Path, target: GpuTarget) -> dict[str, Entry]:
+def read_cache_file(path: Path) -> dict | None:
+    """A cache file's object; None when it is missing, or unreadable (reported once)."""
     try:
-        data = read_json(path)
+        return read_json(path)
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, ValueError) as e:
-        _report_once(f"autotune cache {path} skipped: {e}")
+        report_once(f"autotune cache {path} skipped: {e}")
+        return None
+
+
+def _load_entries(path: Path, target: GpuTarget) -> dict[str, Entry]:
+    """The file's entries owned by the target (``owners``), checked; other GPUs' entries are left alone."""
+    data = read_cache_file(path)
+    if data is None:
         return {}
     raw = data.get("entries", {})
     if not isinstance(raw, dict):
-        _report_once(f"autotune cache {path} skipped: 'entries' is not an object")
+        report_once(f"autotune cache {path} skipped: 'entries' is not an object")
         return {}
+    mine = tuple(o + "|" for o in owners(target))
     out = {}
     for key, value in raw.items():
+        if not key.startswith(mine):
+            continue
         entry = _parse_entry(key, value, target, path)
         if entry is not None:
             out[key] = entry
@@ -180,18 +240,19 @@ def _load_entries(path: Path, target: GpuTarget) -> dict[str, Entry]:
 
 
 class ConfigCache:
-    """Entries for one target, from the user cache over the shipped one; memoized lookups.
+    """Entries for one target, from the user's files over the shipped ones (``cache_files``); memoized lookups.
 
     A bucket without an entry of its own borrows the entry of the nearest tuned bucket at most
     ``NEAREST_OCTAVES`` (2) powers of two away, the larger on a tie (``_nearest``); beyond that the
-    heuristic. (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
+    heuristic. At each bucket the target's measured entry comes before its architecture's unmeasured one.
+    (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
     1.64 ms with the m=16 tiles against 1.17 ms, and the lookup took exact buckets only; see NEAREST_OCTAVES.)
-    The W4A4 entries in the same files are read by ``lookup_w4a4``, for the exact bucket only.
+    The W4A4 entries in the same files are read by ``w4a4.cached_config``, for the exact bucket only.
     """
 
     def __init__(self, target: GpuTarget, paths: Iterable[Path] | None = None):
         self.target = target
-        self.paths = list(paths) if paths is not None else [user_cache_path(target), shipped_cache_path(target)]
+        self.paths = list(paths) if paths is not None else cache_files(target)
         self.entries: dict[str, Entry] = {}
         for path in reversed(self.paths):  # earlier paths win
             self.entries.update(_load_entries(path, target))
@@ -218,9 +279,10 @@ class ConfigCache:
         for step in range(1, NEAREST_OCTAVES + 1):
             near += [bucket * 2**step] + ([Fraction(bucket, 2**step)] if bucket / 2**step >= MIN_BUCKET else [])
         for b in (int(b) if b >= 1 else b for b in near):
-            entry = self.entries.get(cache_key(self.target, kernel, enk, b))
-            if entry is not None:
-                return entry
+            for measured in (True, False):
+                entry = self.entries.get(cache_key(self.target, kernel, enk, b, measured=measured))
+                if entry is not None:
+                    return entry
         return None
 
 
@@ -267,11 +329,44 @@ def search_space(bucket: Bucket) -> list[GemmConfig]:
 
 @dataclass
 class TuneReport:
+    """Counts per (kernel, bucket) pruned or benchmarked, and per GEMM kernel each distinct candidate's
+    verdict over all buckets: its shared bytes when it fits the target, else "model" or "compiler"."""
+
     candidates: int = 0
     pruned_by_model: int = 0
     pruned_by_compiler: int = 0
     benchmarked: int = 0
     bench_seconds: float = 0.0
+    verdicts: dict[str, dict[GemmConfig, int | str]] = field(default_factory=dict)
+
+    def verdicts_for(self, kernel: str) -> dict[GemmConfig, int | str]:
+        return self.verdicts.setdefault(kernel, {})
+
+    def add(self, other: TuneReport) -> None:
+        """Add another report's counts and verdicts to this one."""
+        for name in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for kernel, verdicts in other.verdicts.items():
+            self.verdicts_for(kernel).update(verdicts)
+
+    def space_lines(self, target: GpuTarget, prefix: str = "") -> list[str]:
+        """One line per GEMM: its distinct candidates, how many the shared-memory model and the compiler
+        ruled out for the target, and the largest tile that fits (by block_m * block_n * block_k, then stages)."""
+        lines = []
+        for kernel, verdicts in self.verdicts.items():
+            fit = {cfg: shared for cfg, shared in verdicts.items() if isinstance(shared, int)}
+            by_model = sum(v == "model" for v in verdicts.values())
+            by_compiler = sum(v == "compiler" for v in verdicts.values())
+            line = (
+                f"{prefix}{kernel}: {len(verdicts)} candidates, {by_model} ruled out by the shared-memory model "
+                f"and {by_compiler} by the compiler for {target.name} ({target.sm}, {target.shared_per_block} B "
+                f"per block), {len(fit)} fit"
+            )
+            if fit:
+                c = max(fit, key=lambda c: (c.block_m * c.block_n * c.block_k, c.num_stages, fit[c], c.label))
+                line += f"; largest feasible tile {c.label} ({fit[c]} B)"
+            lines.append(line)
+        return lines
 
     @property
     def pruned(self) -> int:
@@ -296,12 +391,15 @@ def prune(
     model_bytes: Callable[[GemmConfig], int],
     compiled_bytes: Callable[[list[GemmConfig]], list[int | str]] | None,
     floor_bytes: Callable[[GemmConfig], int] | None = None,
+    verdicts: dict[GemmConfig, int | str] | None = None,
 ) -> list[tuple[GemmConfig, int]]:
     """The configs that fit the target's shared memory, with their bytes: the model first (instant),
     then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting).
 
     ``model_bytes`` is an upper bound. With the compiler at hand and a lower bound ``floor_bytes``, the
-    model discards only what cannot fit even at the floor, and the compiler rules on the rest."""
+    model discards only what cannot fit even at the floor, and the compiler rules on the rest.
+    ``verdicts`` (``TuneReport.verdicts_for``) receives each config's bytes, or what ruled it out."""
+    verdicts = {} if verdicts is None else verdicts
     fits_model = []
     for cfg in configs:
         report.candidates += 1
@@ -310,14 +408,18 @@ def prune(
             fits_model.append(cfg)
         else:
             report.pruned_by_model += 1
+            verdicts[cfg] = "model"
     if compiled_bytes is None:
-        return [(cfg, model_bytes(cfg)) for cfg in fits_model]
-    out = []
-    for cfg, shared in zip(fits_model, compiled_bytes(fits_model), strict=True):
-        if isinstance(shared, int) and target.fits(shared):
-            out.append((cfg, shared))
-        else:
-            report.pruned_by_compiler += 1
+        out = [(cfg, model_bytes(cfg)) for cfg in fits_model]
+    else:
+        out = []
+        for cfg, shared in zip(fits_model, compiled_bytes(fits_model), strict=True):
+            if isinstance(shared, int) and target.fits(shared):
+                out.append((cfg, shared))
+            else:
+                report.pruned_by_compiler += 1
+                verdicts[cfg] = "compiler"
+    verdicts.update(out)
     return out
 
 
@@ -332,7 +434,7 @@ def feasible_candidates(
     return prune(
         search_space(bucket), target, report,
         lambda cfg: tiles.model_shared_bytes(kernel, cfg, target), compiled if compile_check else None,
-        lambda cfg: tiles.model_shared_floor(kernel, cfg),
+        lambda cfg: tiles.model_shared_floor(kernel, cfg), report.verdicts_for(kernel),
     )  # fmt: skip
 
 
@@ -342,7 +444,7 @@ class TuneSpace:
 
     name: str  # for messages: "" or "W4A4 "
     kernels: tuple[str, ...]
-    key: Callable[[str, int], str]  # (kernel, bucket) -> cache key
+    key: Callable[[str, int, bool], str]  # (kernel, bucket, measured) -> cache key
     heuristic: Callable[[float], MoeConfig]
     search_space: Callable[[int], list[GemmConfig]]
     fits: Callable[[str, GemmConfig], int | None]  # shared bytes when it fits (model, then compile), else None
@@ -355,19 +457,25 @@ def run_tuner(
     buckets: Iterable[Bucket],
     bench: Bench | None,
     progress: Callable[[str], None] | None = None,
+    *,
+    survey: bool = False,
 ) -> tuple[dict[str, Entry], TuneReport]:
     """Pick a config per (kernel, bucket). With ``bench`` (the target is the local GPU) every feasible
     candidate is timed and the fastest kept; a candidate that fails to compile or launch is skipped and
     counted with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else the
-    fitting candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space)."""
+    fitting candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space);
+    with ``survey`` the whole search space is also pruned for the target (AOT compiles, memoized), so
+    that the report tells how many candidates the target's shared memory rules out."""
     import triton
 
     report = TuneReport()
     results: dict[str, Entry] = {}
     say = progress or (lambda _msg: None)
     for kernel, bucket in itertools.product(space.kernels, buckets):
-        key = space.key(kernel, bucket)
+        key = space.key(kernel, bucket, bench is not None)
         if bench is None:
+            if survey:
+                space.feasible(kernel, bucket, report)
             want = getattr(space.heuristic(bucket), kernel)
             chosen = None
             for cfg in sorted({want, *space.search_space(bucket)}, key=lambda c: (_distance(c, want), c.label)):
@@ -418,6 +526,7 @@ def tune(
     bench: Bench | None,
     *,
     progress: Callable[[str], None] | None = None,
+    survey: bool = False,
 ) -> tuple[dict[str, Entry], TuneReport]:
     """``run_tuner`` for the W4A16 kernels on one shape."""
 
@@ -430,13 +539,14 @@ def tune(
     space = TuneSpace(
         name="",
         kernels=tiles.KERNELS,
-        key=lambda kernel, bucket: cache_key(target, kernel, gemm_shape(kernel, shape), bucket),
+        key=lambda kernel, bucket, measured: cache_key(target, kernel, gemm_shape(kernel, shape), bucket,
+                                                       measured=measured),  # fmt: skip
         heuristic=tiles.heuristic_config,
         search_space=search_space,
         fits=fits,
         feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
     )
-    return run_tuner(space, target, buckets, bench, progress)
+    return run_tuner(space, target, buckets, bench, progress, survey=survey)
 
 
 def _distance(a: GemmConfig, b: GemmConfig) -> tuple:
@@ -457,83 +567,3 @@ def print_progress(message: str) -> None:
     else:
         sys.stderr.write(message + "\n")
     sys.stderr.flush()
-
-
-# =============================================================================================
-# W4A4 (SM12x only, ``sglang_glm5.w4a4``): its cache side. W4A4 tiles live in the same cache files, as
-# Entry values under "entries", with keys in cache_key's format for kernels "w4a4_gemm1" | "w4a4_gemm2"
-# and W4A4's own revision (not the W4A16 KERNEL_REVISION: a new W4A16 design does not retire W4A4 tiles).
-# The tokens per expert from which resolve_path("auto") picks W4A4 sit in the file's top-level
-# "w4a4_threshold" object, keyed by target and layer shape (never in "entries", whose values are configs).
-# The W4A4 tuner, which prunes and stores through the functions above, is ``sglang_glm5.w4a4_tune``.
-
-W4A4_THRESHOLD_KEY = "w4a4_threshold"
-
-
-def w4a4_cache_key(target: GpuTarget, kernel: str, shape: MoeShape, bucket: int) -> str:
-    from sglang_glm5.w4a4 import KERNEL_REVISION
-
-    e, n, k = gemm_shape(kernel, shape)
-    return f"{target.name}|sm_{target.arch}|w4a4_{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
-
-
-def lookup_w4a4(cache: ConfigCache, shape: MoeShape, tokens_per_expert: float, fallback: MoeConfig) -> MoeConfig:
-    """The W4A4 entries of a ConfigCache for this shape and bucket; ``fallback`` for the missing ones."""
-    bucket = m_bucket(tokens_per_expert)
-    found = [cache.entries.get(w4a4_cache_key(cache.target, k, shape, bucket)) for k in tiles.KERNELS]
-    return MoeConfig(
-        gemm1=found[0].config if found[0] else fallback.gemm1,
-        gemm2=found[1].config if found[1] else fallback.gemm2,
-    )
-
-
-def w4a4_threshold_key(target: GpuTarget, shape: MoeShape) -> str:
-    return f"{target.name}|sm_{target.arch}|E={shape.num_experts},H={shape.hidden},I={shape.inter}"
-
-
-def store_w4a4_threshold(
-    path: Path,
-    target: GpuTarget,
-    shape: MoeShape,
-    min_tokens: float | None,
-    *,
-    measured: bool,
-    timings: dict[int, tuple[float, float]] | None = None,
-) -> None:
-    """Store the tokens per expert from which W4A4 is picked (None: never), locked and atomic."""
-    import triton
-
-    value = {"min_tokens_per_expert": min_tokens, "measured": measured, "triton": triton.__version__}
-    if timings:
-        value["ms"] = {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())}
-
-    def update(data: dict) -> None:
-        table = data.get(W4A4_THRESHOLD_KEY)
-        table = table if isinstance(table, dict) else {}
-        table[w4a4_threshold_key(target, shape)] = value
-        data[W4A4_THRESHOLD_KEY] = table
-
-    update_json(path, update)
-
-
-def load_w4a4_threshold(target: GpuTarget, shape: MoeShape, paths: Iterable[Path] | None = None) -> dict | None:
-    """The stored threshold entry ({"min_tokens_per_expert": number or None, "measured": bool, ...}) from
-    the user cache over the shipped one; None when neither has one. Broken files are reported once."""
-    for path in paths if paths is not None else (user_cache_path(target), shipped_cache_path(target)):
-        try:
-            data = read_json(path)
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as e:
-            _report_once(f"autotune cache {path} skipped: {e}")
-            continue
-        table = data.get(W4A4_THRESHOLD_KEY)
-        value = table.get(w4a4_threshold_key(target, shape)) if isinstance(table, dict) else None
-        if value is None:
-            continue
-        m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
-        if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
-            return value
-        _report_once(f"{path}: skipping W4A4 threshold {w4a4_threshold_key(target, shape)!r}: expected a number "
-                     f">= 0 or null for min_tokens_per_expert, got {m!r}")  # fmt: skip
-    return None

@@ -151,11 +151,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
             bench = kernel_bencher(shape, seed)
         buckets = args.batch_sizes or TUNE_BUCKETS
-        entries, report = autotune.tune(target, shape, buckets, bench, progress=autotune.print_progress)
+        entries, report = autotune.tune(
+            target, shape, buckets, bench, progress=autotune.print_progress, survey=not args.no_survey
+        )
         autotune.store(out, target, entries)
-        for field in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
-            setattr(total, field, getattr(total, field) + getattr(report, field))
+        total.add(report)
         print(f"\ntune: {shape}: {len(entries)} entries -> {out}")
+    for line in total.space_lines(target):
+        print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
     return 0
@@ -212,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="For each MoE GEMM and batch size, prunes the configs whose shared memory exceeds the target's "
         "per-block limit (an analytic bound, then Triton's ahead-of-time compile for that architecture: no GPU "
         "needed), then benchmarks the rest when the target is this machine's GPU; otherwise stores the feasible "
-        "config nearest the built-in heuristic, marked measured: false. Writes the user cache "
+        "config nearest the built-in heuristic, marked measured: false and keyed by the architecture and shared "
+        "memory per block, so that every GPU sharing both reads it. Prints per GEMM the candidates, how many the "
+        "shared-memory model and the compiler ruled out, and the largest tile that fits. Writes the user cache "
         "($SGLANG_GLM5_CACHE_DIR/autotune/TARGET.json) unless --out is given.",
     )
     p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
@@ -224,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         "GLM-5 token per step; default 1/32,1/16,...,2048; with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
+    p.add_argument(
+        "--no-survey", action="store_true",
+        help="offline: skip pruning the whole search space for the target (AOT compiles, memoized in the user "
+        "cache), which reports per GEMM how many candidates its shared memory rules out; the picks stay the same",
+    )  # fmt: skip
     p.add_argument(
         "--path", choices=("w4a16", "w4a4"), default="w4a16",
         help=f"which kernels to tune: {PATH_HELP}. With w4a4 the target must be SM12x (exit 2 otherwise); on "

@@ -12,7 +12,6 @@ import argparse
 import importlib.metadata
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -99,22 +98,40 @@ def check_plugin() -> list[tuple[str, str]]:
 
 
 def check_cache() -> tuple[str, str]:
+    """The autotune entries this GPU reads, through the op's own lookup (``autotune.ConfigCache``: the user's
+    files over the shipped ones, found through importlib.resources); without a GPU, what the user's and the
+    shipped cache files hold, counted by owner (a device, or an architecture and its shared memory)."""
     import torch
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    dirs = [Path(os.environ.get("SGLANG_GLM5_CACHE_DIR", Path.home() / ".cache" / "sglang_glm5"))]
-    dirs.append(Path(__file__).resolve().parent.parent / "configs")
-    files = [f for d in dirs if d.is_dir() for f in d.rglob("*.json")]
-    if device:
-        slug = device.replace(" ", "_").lower()
-        mine = [f for f in files if slug in f.name.lower() or device.lower() in f.read_text(errors="replace").lower()]
-    else:
-        mine = []
-    where = ", ".join(str(d) for d in dirs)
-    if device is None:
-        return SKIP, f"cache: no GPU to match ({len(files)} file(s) under {where})"
-    status = OK if mine else WARN
-    return status, f"cache: {len(mine)} file(s) for {device} under {where}" + ("" if mine else " (heuristic configs)")
+    from sglang_glm5 import autotune, hardware
+
+    where = f"{autotune.user_dir()} and {autotune.shipped_dir()}"
+    if torch.cuda.is_available():
+        target = hardware.detect()
+        entries = autotune.ConfigCache(target).entries
+        measured = sum(key.startswith(autotune.owner(target, measured=True) + "|") for key in entries)
+        unmeasured = len(entries) - measured
+        text = (f"cache: {len(entries)} entries for {target.name} ({measured} measured on it, {unmeasured} unmeasured "
+                f"for {target.sm} with {target.shared_per_block} B) under {where}")  # fmt: skip
+        return (OK, text) if entries else (WARN, text + " (heuristic configs)")
+    counts = []
+    for name, folder in (("user", autotune.user_dir()), ("shipped", autotune.shipped_dir())):
+        owners: dict[str, int] = {}
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        for path in files:
+            data = autotune.read_cache_file(path) or {}
+            raw = data.get("entries")
+            for key in raw if isinstance(raw, dict) else ():
+                owner = "|".join(key.split("|")[:2])
+                owners[owner] = owners.get(owner, 0) + 1
+        detail = ", ".join(f"{o}: {n}" for o, n in sorted(owners.items()))
+        counts.append((name, len(files), sum(owners.values()), detail, folder))
+    text = "cache: no GPU to match; " + "; ".join(
+        f"{name} {files} file(s), {entries} entries{f' ({detail})' if detail else ''} under {folder}"
+        for name, files, entries, detail, folder in counts
+    )
+    shipped_entries = counts[1][2]
+    return (OK, text) if shipped_entries else (WARN, text + " (no shipped caches found: the package is incomplete)")
 
 
 def check_op(no_gpu: bool) -> tuple[str, str]:

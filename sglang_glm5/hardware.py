@@ -1,8 +1,21 @@
-"""GPU targets: the numbers that decide which tiles fit and how fast weights can stream.
+"""GPU targets and every capability question: which tiles fit, how fast weights stream, which paths run.
 
 Shared memory is the opt-in maximum per block (``cudaDevAttrMaxSharedMemoryPerBlockOptin``), the
 limit that decides whether a kernel launches at all. Bandwidths are datasheet values, used only for
 floors and predictions; measured numbers come from ``sglang-glm5 bench``.
+
+Which path an architecture can run (compute capability as major * 10 + minor):
+
+- W4A16 kernels (``moe``): ``runs_w4a16``, SM80 and newer (bf16 ``mma.sync``, ``fma.rn.bf16x2``);
+- W4A4 (``w4a4``): ``runs_w4a4``, SM12x only: the block-scaled FP4 ``mma.sync ... kind::mxf4nvf4``
+  exists there (sm_90 compiles ``dot_scaled`` to a bf16 upcast); ``w4a4_problem`` asks a device;
+- dense prefill (``prefill``): ``runs_dense_prefill``, sm_90 and sm_100, where torch's bf16
+  ``_grouped_mm`` is a native CUTLASS grouped GEMM; ``dense_prefill_available`` asks a device;
+- pipelined tiles: ``keeps_every_stage``, whether a software pipeline of num_stages keeps num_stages
+  operand buffers in shared memory (wgmma / TMA parts) or num_stages - 1 (``mma.sync`` + ``cp.async``
+  parts), as Triton's AOT compiles for sm_90 and sm_120 show (``tiles.model_shared_bytes``).
+
+Nothing here imports torch at module level: the SGLang plugin asks these questions at start-up.
 """
 
 from __future__ import annotations
@@ -46,6 +59,8 @@ TARGETS = {
     for t in (
         GpuTarget("rtx-pro-6000", 120, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 101376, 188, 1.79e12),
         GpuTarget("rtx-pro-6000-server", 120, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 101376, 188, 1.6e12),
+        GpuTarget("rtx-pro-6000-maxq", 120, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 101376, 188,
+                  1.79e12),  # fmt: skip
         GpuTarget("rtx-5090", 120, "NVIDIA GeForce RTX 5090", 101376, 170, 1.79e12),
         GpuTarget("dgx-spark", 121, "NVIDIA GB10", 101376, 48, 0.273e12),
         GpuTarget("h200", 90, "NVIDIA H200", 232448, 132, 4.8e12),
@@ -86,3 +101,81 @@ def resolve(name: str) -> GpuTarget:
         return GpuTarget(f"sm{arch}", arch, f"generic sm_{arch}", SHARED_PER_BLOCK[arch], 0, 0.0)
     known = ", ".join([*TARGETS, "local", *(f"sm{a}" for a in SHARED_PER_BLOCK)])
     raise ValueError(f"target: unknown {name!r}; expected one of {known}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Which paths an architecture runs.
+
+W4A16_MIN_ARCH = 80
+
+
+def is_sm12x(arch: int) -> bool:
+    """The Blackwell workstation family (sm_120 RTX PRO 6000 / RTX 50xx, sm_121 GB10): 101376 B per block."""
+    return arch // 10 == 12
+
+
+def runs_w4a16(arch: int) -> bool:
+    """The W4A16 kernels: bf16 tensor cores and ``fma.rn.bf16x2``, SM80 and newer."""
+    return arch >= W4A16_MIN_ARCH
+
+
+def runs_w4a4(arch: int) -> bool:
+    """The W4A4 kernels: block-scaled FP4 ``mma.sync`` (kind::mxf4nvf4), SM12x only."""
+    return is_sm12x(arch)
+
+
+def runs_dense_prefill(arch: int) -> bool:
+    """Dense prefill: torch's bf16 ``_grouped_mm`` is a native grouped GEMM on sm_90 and sm_100 only."""
+    return arch // 10 in (9, 10)
+
+
+def keeps_every_stage(arch: int) -> bool:
+    """Whether a pipeline of num_stages keeps num_stages operand buffers in shared memory (wgmma / TMA:
+    Hopper and the Blackwell datacenter parts) rather than num_stages - 1 (``mma.sync`` + ``cp.async``:
+    SM80/86/89/120). Read from Triton's AOT compiles: a bf16 128x128x64 tile at 4 stages takes 98304 B
+    on sm_120 and 131072 B on sm_90."""
+    return arch in (90, 100, 103)
+
+
+# ---------------------------------------------------------------------------------------------
+# Asking a device (torch is imported only here, when a device is asked about).
+
+
+def device_arch(device=None) -> int | None:
+    """Compute capability (major * 10 + minor) of a CUDA device (default: the current one); None for a
+    device that is not CUDA or when torch sees no CUDA device."""
+    import torch
+
+    if device is not None and torch.device(device).type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def w4a4_problem(device) -> str | None:
+    """None when ``device`` can run W4A4 (a CUDA device of SM12x); otherwise what it is instead, for an
+    error message ("no tensor", "cpu", "sm_90", ...)."""
+    import torch
+
+    if device is None:
+        return "no tensor"
+    device = torch.device(device)
+    if device.type != "cuda":
+        return str(device)
+    arch = device_arch(device)
+    if arch is None:
+        return f"{device}, but torch sees no CUDA device"
+    return None if runs_w4a4(arch) else f"sm_{arch}"
+
+
+def dense_prefill_available(device) -> bool:
+    """Whether ``device`` runs the dense prefill path: a CUDA device of sm_90 / sm_100 and a torch with
+    ``_grouped_mm``."""
+    import torch
+
+    if torch.device(device).type != "cuda" or not hasattr(torch, "_grouped_mm"):
+        return False
+    arch = device_arch(device)
+    return arch is not None and runs_dense_prefill(arch)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from sglang_glm5 import hardware
 from sglang_glm5.shapes import tokens_per_expert_from_env
 
 ENV_MIN_TOKENS = "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS"
@@ -30,10 +31,9 @@ DEFAULT_MIN_TOKENS = 256
 
 
 def available(device: torch.device) -> bool:
-    """True on CUDA GPUs where torch's bf16 _grouped_mm is a native grouped GEMM (sm_90, sm_100)."""
-    if device.type != "cuda" or not hasattr(torch, "_grouped_mm"):
-        return False
-    return torch.cuda.get_device_capability(device)[0] in (9, 10)
+    """True on CUDA GPUs where torch's bf16 _grouped_mm is a native grouped GEMM (sm_90, sm_100):
+    ``hardware.dense_prefill_available``."""
+    return hardware.dense_prefill_available(device)
 
 
 def min_tokens() -> float:

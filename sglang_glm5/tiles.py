@@ -17,7 +17,7 @@ import hashlib
 import inspect
 from dataclasses import dataclass
 
-from sglang_glm5.hardware import GpuTarget
+from sglang_glm5.hardware import GpuTarget, keeps_every_stage
 
 KERNELS = ("gemm1", "gemm2")
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
@@ -79,6 +79,13 @@ class MoeConfig:
     gemm2: GemmConfig
 
 
+def check_w4a16_config(cfg: GemmConfig) -> None:
+    """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
+    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64."""
+    if cfg.block_k < 64:
+        raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
+
+
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     """A config that is correct everywhere and small enough for any target's shared memory.
 
@@ -111,12 +118,12 @@ def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     """Upper bound on the shared memory of one MoE GEMM kernel.
 
     Per pipeline stage: the 16-bit activation tile (BM x BK x 2) and, per weight matrix (gate and up
-    in gemm1), packed bytes BN x BK / 2 plus scales BN x BK / 16. Hopper and Blackwell datacenter
-    parts (wgmma/TMA pipelines) keep num_stages buffers, the mma.sync parts (SM80/86/89/120)
-    num_stages - 1 (FACTS.md). On top: the decoded fp16 weight tile (BN x BK x 2) and an fp32-sized
-    output tile (BM x BN x 2), either of which may be staged through shared memory for a layout change.
+    in gemm1), packed bytes BN x BK / 2 plus scales BN x BK / 16, times the pipeline buffers
+    (``hardware.keeps_every_stage``: num_stages on wgmma/TMA parts, num_stages - 1 on the mma.sync
+    parts). On top: the decoded fp16 weight tile (BN x BK x 2) and an fp32-sized output tile
+    (BM x BN x 2), either of which may be staged through shared memory for a layout change.
     """
-    buffers = cfg.num_stages if target.arch in (90, 100, 103) else max(cfg.num_stages - 1, 1)
+    buffers = cfg.num_stages if keeps_every_stage(target.arch) else max(cfg.num_stages - 1, 1)
     return buffers * _stage_bytes(kernel, cfg) + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
 
 

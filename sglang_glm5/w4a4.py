@@ -31,16 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_glm5 import nvfp4
+from sglang_glm5 import hardware, nvfp4
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.w4a4_select import resolve_path, sm12x_problem
 
 __all__ = [
     "MIN_TOKENS_PER_EXPERT",
     "heuristic_config",
     "nvfp4_fused_moe_w4a4",
     "nvfp4_fused_moe_w4a4_emulated",
-    "resolve_path",  # defined in sglang_glm5.w4a4_select, importable from here too
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +163,7 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
         if cache is None:
             cache = _caches[index] = autotune.ConfigCache(detect(index))
         shape = MoeShape(num_experts, hidden, inter)
-        cfg = _picked[key] = autotune.lookup_w4a4(cache, shape, tokens_per_expert, heuristic_config(tokens_per_expert))
+        cfg = _picked[key] = cached_config(cache, shape, tokens_per_expert, heuristic_config(tokens_per_expert))
     return cfg
 
 
@@ -289,7 +287,7 @@ def _worker() -> None:
 # Launch: the compiled path on SM12x; ``emulate_dot`` (the interpreter tests) swaps dot_scaled out.
 
 
-def _quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (packed [T, H/2] uint8, e4m3 scales [T, H/16] uint8) with the global scale a1 [1] fp32."""
     import triton
 
@@ -306,8 +304,8 @@ def _quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tens
     return xq, xs
 
 
-def _launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
-                  gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
+def launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
+                 gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
     import triton
 
     from sglang_glm5.kernels import nvfp4_w4a4 as k
@@ -327,8 +325,8 @@ def _launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: Gemm
     )  # fmt: skip
 
 
-def _launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
-                  emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
+def launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
+                 emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
     import triton
 
     from sglang_glm5.kernels import nvfp4_w4a4 as k
@@ -377,15 +375,15 @@ def _run(
     topk_ids = topk_ids.contiguous()
     gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
 
-    xq, xs = _quantize_activations(hidden_states, a1)
+    xq, xs = quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
     route1, route2 = routes_for(topk_ids, num_experts, cfg)
-    _launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
-                  gate_row0, up_row0, emulate_dot)  # fmt: skip
+    launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
+                 gate_row0, up_row0, emulate_dot)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    _launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
-                  y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
+    launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
+                 y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
@@ -418,7 +416,7 @@ def nvfp4_fused_moe_w4a4(
     (sm_90 compiles dot_scaled to a bf16 upcast).
     NOT YET RUN ON SM120 HARDWARE.
     """
-    got = sm12x_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
+    got = hardware.w4a4_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
     if got is not None:
         raise RuntimeError(f"nvfp4_fused_moe_w4a4 needs an SM12x (Blackwell workstation) CUDA GPU, got {got}")
     return _run(
@@ -426,6 +424,92 @@ def nvfp4_fused_moe_w4a4(
         w13_input_scale, w2_input_scale, w13_order=w13_order, config=config, emulate_dot=False, check_ids=check_ids,
         num_global_experts=num_global_experts,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The W4A4 side of the autotune cache. W4A4 tiles live in the same files as the W4A16 ones, as
+# ``autotune.Entry`` values under "entries", with keys in ``autotune.cache_key``'s format (same owners:
+# measured per device, unmeasured per architecture and shared memory) for kernels "w4a4_gemm1" |
+# "w4a4_gemm2" and W4A4's own KERNEL_REVISION (a new W4A16 design does not retire W4A4 tiles). The tokens
+# per expert from which resolve_path("auto") picks W4A4 sit in the file's top-level "w4a4_threshold"
+# object, keyed by owner and layer shape (never in "entries", whose values are configs). The W4A4 tuner,
+# which prunes and stores through ``sglang_glm5.autotune``, is ``sglang_glm5.w4a4_tune``.
+
+THRESHOLD_KEY = "w4a4_threshold"
+
+
+def cache_key(target, kernel: str, shape, bucket: int, *, measured: bool) -> str:
+    """The autotune cache key of a W4A4 tile (target: a hardware.GpuTarget; shape: a MoeShape)."""
+    from sglang_glm5 import autotune
+
+    e, n, k = autotune.gemm_shape(kernel, shape)
+    return f"{autotune.owner(target, measured=measured)}|w4a4_{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
+
+
+def cached_config(cache, shape, tokens_per_expert: float, fallback: MoeConfig) -> MoeConfig:
+    """The W4A4 entries of an ``autotune.ConfigCache`` for this shape and bucket (the target's measured
+    entry, else its architecture's unmeasured one); ``fallback`` for the missing ones."""
+    from sglang_glm5 import autotune
+
+    bucket = autotune.m_bucket(tokens_per_expert)
+    found = []
+    for k in KERNELS:
+        keys = (cache_key(cache.target, k, shape, bucket, measured=m) for m in (True, False))
+        found.append(next((cache.entries[key] for key in keys if key in cache.entries), None))
+    return MoeConfig(
+        gemm1=found[0].config if found[0] else fallback.gemm1,
+        gemm2=found[1].config if found[1] else fallback.gemm2,
+    )
+
+
+def threshold_key(target, shape, *, measured: bool) -> str:
+    from sglang_glm5 import autotune
+
+    return f"{autotune.owner(target, measured=measured)}|E={shape.num_experts},H={shape.hidden},I={shape.inter}"
+
+
+def store_threshold(path, target, shape, min_tokens: float | None, *, measured: bool,
+                    timings: dict[int, tuple[float, float]] | None = None) -> None:  # fmt: skip
+    """Store the tokens per expert from which W4A4 is picked (None: never), locked and atomic."""
+    import triton
+
+    from sglang_glm5._files import update_json
+
+    value = {"min_tokens_per_expert": min_tokens, "measured": measured, "triton": triton.__version__}
+    if timings:
+        value["ms"] = {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())}
+
+    def update(data: dict) -> None:
+        table = data.get(THRESHOLD_KEY)
+        table = table if isinstance(table, dict) else {}
+        table[threshold_key(target, shape, measured=measured)] = value
+        data[THRESHOLD_KEY] = table
+
+    update_json(path, update)
+
+
+def load_threshold(target, shape, paths=None) -> dict | None:
+    """The stored threshold entry ({"min_tokens_per_expert": number or None, "measured": bool, ...}): the
+    target's measured one, else its architecture's unmeasured one, each from the first file that has it
+    (``autotune.cache_files``: the user's over the shipped ones); None when none has one. Broken files and
+    entries are reported once."""
+    from sglang_glm5 import autotune
+
+    paths = autotune.cache_files(target) if paths is None else paths
+    files = [(path, autotune.read_cache_file(path)) for path in paths]
+    for measured in (True, False):
+        key = threshold_key(target, shape, measured=measured)
+        for path, data in files:
+            table = data.get(THRESHOLD_KEY) if data is not None else None
+            value = table.get(key) if isinstance(table, dict) else None
+            if value is None:
+                continue
+            m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
+            if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
+                return value
+            autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected a number >= 0 or null for "
+                                 f"min_tokens_per_expert, got {m!r}")  # fmt: skip
+    return None
 
 
 if __name__ == "__main__":

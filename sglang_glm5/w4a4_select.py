@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_glm5 import hardware
 from sglang_glm5._files import cache_dir, read_json, update_json
 from sglang_glm5.shapes import tokens_per_expert_from_env
 from sglang_glm5.tiles import GemmConfig, MoeConfig
@@ -61,19 +62,7 @@ DIGEST_MODULES = (
 
 
 # ---------------------------------------------------------------------------------------------
-# Device facts.
-
-
-def sm12x_problem(device: torch.device | None) -> str | None:
-    """None on an SM12x CUDA device; otherwise what the device is instead (for an error message)."""
-    if device is None:
-        return "no tensor"
-    if device.type != "cuda":
-        return str(device)
-    if not torch.cuda.is_available():
-        return f"{device}, but torch sees no CUDA device"
-    major, minor = torch.cuda.get_device_capability(device)
-    return None if major == 12 else f"sm_{major}{minor}"
+# Device facts (whether a device can run W4A4 at all: ``hardware.w4a4_problem``).
 
 
 @dataclass(frozen=True)
@@ -85,8 +74,7 @@ class GpuIdentity:
 
     @classmethod
     def of(cls, device: torch.device) -> GpuIdentity:
-        major, minor = torch.cuda.get_device_capability(device)
-        return cls(torch.cuda.get_device_name(device), major * 10 + minor)
+        return cls(torch.cuda.get_device_name(device), hardware.device_arch(device))
 
 
 def _triton_version() -> str:
@@ -297,14 +285,13 @@ def threshold_for(target, shape) -> float:
 
     A tuner that found W4A4 never faster stored None: then never (infinity).
     """
-    from sglang_glm5 import autotune
     from sglang_glm5.shapes import MoeShape
-    from sglang_glm5.w4a4 import MIN_TOKENS_PER_EXPERT
+    from sglang_glm5.w4a4 import MIN_TOKENS_PER_EXPERT, load_threshold
 
     env = min_tokens_from_env()
     if env is not None:
         return env
-    stored = autotune.load_w4a4_threshold(target, MoeShape(*_shape_tuple(shape)))
+    stored = load_threshold(target, MoeShape(*_shape_tuple(shape)))
     if stored is None:
         return float(MIN_TOKENS_PER_EXPERT)
     return math.inf if stored["min_tokens_per_expert"] is None else float(stored["min_tokens_per_expert"])
@@ -330,10 +317,12 @@ _told: set[tuple] = set()  # (what, device key, ...) already logged once
 
 
 def clear_memo() -> None:
-    """Forget what resolve_path read (device facts, records, thresholds, verdicts) and the W4A4 tiles
-    pick_config memoized."""
+    """Forget what resolve_path read (device facts, records, thresholds, verdicts), the kernel digest and
+    the W4A4 tiles pick_config memoized."""
+    global _digest
     from sglang_glm5 import w4a4
 
+    _digest = None
     for memo in (_devices, _records, _thresholds, _verdicts, _told):
         memo.clear()
     w4a4.clear_memo()
@@ -347,11 +336,9 @@ def _facts(device: torch.device) -> tuple[tuple[str, int | None], _DeviceFacts]:
     facts = _devices.get(key)
     if facts is None:
         dev = torch.device(device.type, index) if index is not None else device
-        problem = sm12x_problem(dev)
+        problem = hardware.w4a4_problem(dev)
         gpu, target = None, None
         if problem is None:
-            from sglang_glm5 import hardware
-
             gpu, target = GpuIdentity.of(dev), hardware.detect(index)
         facts = _devices[key] = _DeviceFacts(problem, dev, gpu, target)
     return key, facts

@@ -22,7 +22,7 @@ import torch
 
 from sglang_glm5 import autotune, nvfp4, w4a4
 from sglang_glm5.autotune import Bench, Entry, TuneReport
-from sglang_glm5.hardware import GpuTarget
+from sglang_glm5.hardware import GpuTarget, runs_w4a4
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
@@ -34,7 +34,7 @@ TUNE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens per expert; W4A
 
 
 def _require_sm12x(target: GpuTarget) -> None:
-    if target.arch // 10 != 12:
+    if not runs_w4a4(target.arch):
         raise ValueError(f"W4A4 runs only on SM12x targets (rtx-pro-6000, sm120, ...), got {target.name} ({target.sm})")
 
 
@@ -63,6 +63,7 @@ def feasible_candidates(
         search_space(bucket), target, report,
         lambda cfg: w4a4.model_shared_bytes(kernel, cfg),
         lambda configs: w4a4.compiled_shared_bytes_many([(kernel, cfg) for cfg in configs], target.arch),
+        verdicts=report.verdicts_for(kernel),
     )  # fmt: skip
 
 
@@ -73,6 +74,7 @@ def tune(
     bench: Bench | None,
     *,
     progress: Callable[[str], None] | None = None,
+    survey: bool = False,
 ) -> tuple[dict[str, Entry], TuneReport]:
     """``autotune.run_tuner`` for the W4A4 kernels (SM12x targets only). A candidate that fails to compile
     or launch on the GPU (never run on SM120 before) is skipped and counted, not fatal."""
@@ -80,13 +82,13 @@ def tune(
     space = autotune.TuneSpace(
         name="W4A4 ",
         kernels=w4a4.KERNELS,
-        key=lambda kernel, bucket: autotune.w4a4_cache_key(target, kernel, shape, bucket),
+        key=lambda kernel, bucket, measured: w4a4.cache_key(target, kernel, shape, bucket, measured=measured),
         heuristic=w4a4.heuristic_config,
         search_space=search_space,
         fits=lambda kernel, cfg: _w4a4_fits(kernel, cfg, target),
         feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
     )
-    return autotune.run_tuner(space, target, buckets, bench, progress)
+    return autotune.run_tuner(space, target, buckets, bench, progress, survey=survey)
 
 
 def threshold_from_timings(timings: dict[int, tuple[float, float]]) -> int | None:
@@ -128,7 +130,7 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
             x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
             a1 = (x.float().abs().max() / 2688.0).reshape(1)
-            xq, xs = w4a4._quantize_activations(x, a1)
+            xq, xs = w4a4.quantize_activations(x, a1)
             h = nvfp4.quantize(torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda"))
             a2 = h.global_scale.float().reshape(1).expand(shape.num_experts).contiguous()
             inputs[bucket] = (xq, xs, a1, h.packed, h.scale.view(torch.uint8), a2, weights.reshape(-1), ids)
@@ -140,12 +142,12 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
                 hq_out, hs_out = torch.empty_like(hq), torch.empty_like(hs)
-                w4a4._launch_gemm1(xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out,
-                              cfg, shape.top_k, 0, shape.inter, False)  # fmt: skip
+                w4a4.launch_gemm1(xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out,
+                                  cfg, shape.top_k, 0, shape.inter, False)  # fmt: skip
             else:
                 y = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
-                w4a4._launch_gemm2(hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg,
-                              False, False)  # fmt: skip
+                w4a4.launch_gemm2(hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg,
+                                  False, False)  # fmt: skip
 
         return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")
 
@@ -200,15 +202,15 @@ def tune_command(args) -> int:
     default threshold, marked measured: false. Exit 2 for a non-SM12x target or --target local off SM12x."""
     import os
 
-    from sglang_glm5.hardware import detect, resolve
+    from sglang_glm5.hardware import detect, resolve, w4a4_problem
     from sglang_glm5.shapes import parse_shape
-    from sglang_glm5.w4a4_select import clear_memo, sm12x_problem
+    from sglang_glm5.w4a4_select import clear_memo
 
-    local_problem = sm12x_problem(torch.device("cuda"))
+    local_problem = w4a4_problem(torch.device("cuda"))
     if args.target == "local" and local_problem is not None:
         return _not_sm12x(local_problem)
     target = resolve(args.target)
-    if target.arch // 10 != 12:
+    if not runs_w4a4(target.arch):
         return _not_sm12x(f"target {target.name} ({target.sm})")
     shapes = [parse_shape(s) for s in args.shape]
     local = detect() if local_problem is None else None
@@ -221,26 +223,29 @@ def tune_command(args) -> int:
     total = TuneReport()
     for shape in shapes:
         entries, report = tune(
-            target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress
-        )
+            target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress,
+            survey=not args.no_survey,
+        )  # fmt: skip
         autotune.store(out, target, entries)
-        for field in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
-            setattr(total, field, getattr(total, field) + getattr(report, field))
+        total.add(report)
         if measure:
             timings = {}
             run = op_bencher(shape, seed)
             for bucket in buckets:
-                picked = [entries[autotune.w4a4_cache_key(target, k, shape, bucket)].config for k in w4a4.KERNELS]
+                picked = [entries[w4a4.cache_key(target, k, shape, bucket, measured=True)].config
+                          for k in w4a4.KERNELS]  # fmt: skip
                 timings[bucket] = run(bucket, MoeConfig(*picked))
                 print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
             threshold = threshold_from_timings(timings)
-            autotune.store_w4a4_threshold(out, target, shape, threshold, measured=True, timings=timings)
+            w4a4.store_threshold(out, target, shape, threshold, measured=True, timings=timings)
             said = "never (W4A4 not faster)" if threshold is None else f"{threshold} tokens per expert (measured)"
         else:
             threshold = w4a4.MIN_TOKENS_PER_EXPERT
-            autotune.store_w4a4_threshold(out, target, shape, threshold, measured=False)
+            w4a4.store_threshold(out, target, shape, threshold, measured=False)
             said = f"{threshold} tokens per expert (the default, not measured)"
         print(f"\ntune: {shape}: {len(entries)} W4A4 entries, auto picks W4A4 from {said} -> {out}")
+    for line in total.space_lines(target, "W4A4 "):
+        print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
     print(

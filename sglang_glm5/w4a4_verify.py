@@ -264,11 +264,11 @@ def selfcheck_command(args) -> int:
     """``sglang-glm5 selfcheck --path w4a4``: exit 0 and a record on a pass, 1 on a failure, 2 off SM12x."""
     import os
 
+    from sglang_glm5.hardware import w4a4_problem
     from sglang_glm5.shapes import parse_shape
-    from sglang_glm5.w4a4_select import sm12x_problem
 
     device = torch.device("cuda")
-    got = "--device cpu" if args.device == "cpu" else sm12x_problem(device)
+    got = "--device cpu" if args.device == "cpu" else w4a4_problem(device)
     if got is not None:
         return _say_not_sm12x("selfcheck", got)
     shape = parse_shape(args.shape or "glm5-ep8")

@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from sglang_glm5 import autotune, tiles
+from sglang_glm5 import autotune, tiles, w4a4
 from sglang_glm5.autotune import ConfigCache, Entry, cache_key, gemm_shape, m_bucket
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.moe import nvfp4_fused_moe
@@ -27,7 +27,7 @@ TOO_BIG_FOR_SM120 = GemmConfig(128, 128, 128, 8, 4)  # 181248 B compiled for sm_
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
-    autotune._reported.clear()
+    autotune.clear_reports()
     return tmp_path
 
 
@@ -35,8 +35,8 @@ def _entry(cfg: GemmConfig, shared: int = 20000) -> Entry:
     return Entry(cfg, shared, 0.5, "test")
 
 
-def _key(kernel: str, bucket: int) -> str:
-    return cache_key(SM120, kernel, gemm_shape(kernel, SHAPE), bucket)
+def _key(kernel: str, bucket: int, measured: bool = True) -> str:
+    return cache_key(SM120, kernel, gemm_shape(kernel, SHAPE), bucket, measured=measured)
 
 
 def test_m_bucket():
@@ -113,7 +113,7 @@ def test_w4a16_entry_with_block_k_below_64_is_reported_once_and_skipped(tmp_path
     shallow = GemmConfig(16, 32, 32, 2, 2)
     with pytest.raises(ValueError, match="block_k must be >= 64"):  # what the op does with it
         _run_op_with(_FixedCache(tiles.MoeConfig(shallow, SMALL)), gen)
-    w4a4_key = autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 2)  # W4A4 entries keep their own rules
+    w4a4_key = w4a4.cache_key(SM120, "gemm1", SHAPE, 2, measured=True)  # W4A4 entries keep their own rules
     entries = {_key("gemm1", 2): _entry(shallow), _key("gemm2", 2): _entry(SMALL), w4a4_key: _entry(SMALL)}
     autotune.store(path, SM120, entries)
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
@@ -140,11 +140,12 @@ def test_batch_sizes_are_rounded_to_the_buckets_lookups_read(tmp_path, capsys):
     from sglang_glm5.cli import main
 
     out = tmp_path / "out.json"
-    assert main(["tune", "--shape", "4,64,32", "--batch-sizes", "100,128", "--out", str(out)]) == 0
+    assert main(["tune", "--shape", "4,64,32", "--batch-sizes", "100,128", "--out", str(out), "--no-survey"]) == 0
     assert "--batch-sizes 100,128 -> buckets 128" in capsys.readouterr().out
-    assert set(json.loads(out.read_text())["entries"]) == {_key("gemm1", 128), _key("gemm2", 128)}
+    offline = {_key("gemm1", 128, measured=False), _key("gemm2", 128, measured=False)}  # unmeasured: per architecture
+    assert set(json.loads(out.read_text())["entries"]) == offline
     stored = ConfigCache(SM120, [out]).entries
-    assert ConfigCache(SM120, [out]).lookup(SHAPE, 100).gemm1 == stored[_key("gemm1", 128)].config
+    assert ConfigCache(SM120, [out]).lookup(SHAPE, 100).gemm1 == stored[_key("gemm1", 128, measured=False)].config
 
 
 def test_both_tune_paths_get_the_rounded_buckets(monkeypatch, tmp_path):
@@ -241,3 +242,94 @@ def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
     # Without the compiler the upper bound decides alone.
     report = autotune.TuneReport()
     assert autotune.prune([loose], h200, report, lambda c: tiles.model_shared_bytes("gemm1", c, h200), None) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Owners: unmeasured entries belong to an architecture and its shared memory, measured ones to a device.
+
+
+def _shipped(name: str) -> dict:
+    return json.loads((autotune.shipped_dir() / name).read_text())["entries"]
+
+
+@pytest.mark.parametrize("name", ["rtx-pro-6000", "rtx-pro-6000-server", "rtx-pro-6000-maxq", "rtx-5090"])
+def test_every_sm120_gpu_reads_the_shipped_sm120_entries(name):
+    """The shipped rtx-pro-6000.json holds AOT-checked, unmeasured picks: facts about sm_120 and 101376 B,
+    so a Server Edition, a Max-Q or an RTX 5090 reads them as the Workstation Edition does."""
+    target = TARGETS[name]
+    shipped = _shipped("rtx-pro-6000.json")
+    assert shipped and all(v["measured"] is False for v in shipped.values())
+    cache = ConfigCache(target)
+    assert set(cache.entries) == set(shipped)
+    shape = MoeShape(32, 6144, 2048, 8)  # glm5-ep8, one of the shipped shapes
+    for bucket in (1, 64, 2048):
+        key = cache_key(target, "gemm1", gemm_shape("gemm1", shape), bucket, measured=False)
+        assert cache.lookup(shape, bucket).gemm1 == GemmConfig(**shipped[key]["config"])
+
+
+@pytest.mark.parametrize("name", ["h200", "h100", "sm90", "b200", "sm121"])
+def test_other_gpus_read_neither_the_sm120_entries_nor_another_devices_measured_ones(name):
+    """h200.json is measured on an H200: an H100 or a generic sm_90 (same arch and shared memory) reads
+    none of it; no other architecture or shared memory reads the sm_120 entries."""
+    target = resolve(name)
+    measured = _shipped("h200.json")
+    assert measured and all(v["measured"] is True for v in measured.values())
+    want = set(measured) if name == "h200" else set()
+    assert set(ConfigCache(target).entries) == want
+
+
+def test_measured_entry_wins_at_its_bucket_and_old_unmeasured_keys_are_still_read(tmp_path):
+    """Unmeasured entries written by earlier versions sit under the device key: that target still reads
+    them. At one bucket the device's measured entry comes before the architecture's unmeasured one."""
+    path = tmp_path / "c.json"
+    other = GemmConfig(32, 64, 128, 4, 2)
+    old_style = {**_entry(other).as_json(), "measured": False, "ms": None}
+    unmeasured = Entry(other, 20000, None, "test").as_json()
+    data = {"entries": {_key("gemm1", 4): old_style, _key("gemm2", 4, measured=False): unmeasured}}
+    path.write_text(json.dumps(data))
+    cache = ConfigCache(SM120, [path])
+    assert cache.lookup(SHAPE, 4) == tiles.MoeConfig(other, other)
+    autotune.store(path, SM120, {_key("gemm2", 4): _entry(SMALL)})  # a measured gemm2 entry
+    assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(other, SMALL)
+    server = TARGETS["rtx-pro-6000-server"]  # the arch entry is shared, the device ones are not
+    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(tiles.heuristic_config(4).gemm1, other)
+
+
+def test_a_target_reads_its_architectures_entries_from_any_file_and_its_own_file_first(isolated_cache):
+    """An offline tune for the Workstation Edition serves a Max-Q in the same user cache; in a folder the
+    target's own file wins for the same key."""
+    maxq = TARGETS["rtx-pro-6000-maxq"]
+    other = GemmConfig(32, 64, 128, 4, 2)
+    unmeasured = Entry(other, 20000, None, "test")
+    autotune.store(autotune.user_cache_path(SM120), SM120, {_key("gemm1", 8, measured=False): unmeasured})
+    assert ConfigCache(maxq).lookup(SHAPE, 8).gemm1 == other
+    own = Entry(SMALL, 20000, None, "test")
+    autotune.store(autotune.user_cache_path(maxq), maxq, {_key("gemm1", 8, measured=False): own})
+    assert ConfigCache(maxq).lookup(SHAPE, 8).gemm1 == SMALL
+    assert ConfigCache(SM120).lookup(SHAPE, 8).gemm1 == other
+    files = autotune.cache_files(maxq)
+    assert files[0] == autotune.user_cache_path(maxq) and autotune.user_cache_path(SM120) in files
+    assert files.index(autotune.shipped_cache_path(SM120)) > files.index(autotune.user_cache_path(SM120))
+
+
+def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rules_out(capsys):
+    """`tune --target rtx-pro-6000` without that GPU: the counts, checked against compiling every candidate."""
+    from sglang_glm5.cli import main
+
+    assert main(["tune", "--target", "rtx-pro-6000", "--shape", "4,64,32", "--batch-sizes", "1"]) == 0
+    out = capsys.readouterr().out
+    space = autotune.search_space(1)
+    for kernel in tiles.KERNELS:
+        shared = dict(zip(space, tiles.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True))
+        fit = {c: b for c, b in shared.items() if SM120.fits(b)}
+        assert 0 < len(fit) < len(space), "the test needs a space that the shared memory cuts"
+        largest = max(fit, key=lambda c: (c.block_m * c.block_n * c.block_k, c.num_stages, fit[c], c.label))
+        line = next(line for line in out.splitlines() if line.startswith(f"tune: {kernel}: "))
+        head = f"tune: {kernel}: {len(space)} candidates, "
+        tail = (f" by the compiler for rtx-pro-6000 (sm_120, 101376 B per block), {len(fit)} fit; "
+                f"largest feasible tile {largest.label} ({fit[largest]} B)")  # fmt: skip
+        assert line.startswith(head) and line.endswith(tail), line
+        by_model, by_compiler = (int(w) for w in line[len(head) : -len(tail)].split() if w.isdigit())
+        # The model's floor rules out what cannot fit at any rate; the compiler the rest of the misfits.
+        assert by_model == sum(not SM120.fits(tiles.model_shared_floor(kernel, c)) for c in space)
+        assert by_compiler == len(space) - len(fit) - by_model

@@ -1,8 +1,13 @@
-"""The SM120 CUTLASS grouped-GEMM shared-memory model (sglang_glm5.cutlass_tiles), CPU only."""
+"""The SM120 CUTLASS grouped-GEMM shared-memory model (tools/cutlass_tiles.py, not shipped), CPU only."""
+
+import sys
+from pathlib import Path
 
 import pytest
 
-from sglang_glm5.cutlass_tiles import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from cutlass_tiles import (  # noqa: E402 - found through the path above
     SM120_SMEM_CAPACITY,
     epilogue_layout,
     example_79d,

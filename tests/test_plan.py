@@ -46,8 +46,9 @@ def hand_weights_ep8(attn_dp: int) -> int:
 
 
 # EP8 with TP attention (attn-dp 1): 50.961 + 78 x (25,493,504 + 20,447,232) x 2 = 7.167 + shared 0.708 + dense
-# 0.170 + embedding 0.238 + lm_head 0.238 + router/norms 0.238 = 59.72 GB (55.62 GiB). FACTS.md's "~57 GB" is the
-# same sum with the MLA a-projections and the indexer split 8 ways; SGLang replicates them (3.98 GB per GPU).
+# 0.170 + embedding 0.238 + lm_head 0.238 + router/norms 0.238 = 59.72 GB (55.62 GiB). The rounder "~57 GB per
+# GPU" of weight-read floor estimates is the same sum with the MLA a-projections and the indexer split 8 ways;
+# SGLang replicates them (3.98 GB per GPU).
 # The default profile, attn-dp 4 (attention TP 2): attention 78 x (25,493,504 + 81,788,928) x 2 = 16.736 GB,
 # embedding 1/2 = 0.952 GB: 70.00 GB (65.20 GiB).
 # KV per token, BF16: 78 layers x ((512 + 64) x 2 + indexer 128 + 128/128 x 4) = 78 x 1284 = 100,152 bytes.

@@ -110,7 +110,8 @@ def test_every_shipped_config_fits_sm120(compiled):
 def test_stock_sm90_configs_for_these_shapes_on_sm120(compiled):
     """Finding (Triton 3.8, SGLang 0.5.23): SGLang's H100/H200 files for these GLM-5 shapes all fit sm_120
     (largest 81920 B), so for them the gain is having SM12x-named files at all (without them SGLang uses its
-    default config), not avoiding a launch failure. Fails when that changes, so FACTS.md can be corrected."""
+    default config), not avoiding a launch failure. Fails when that changes, so that the README's status line
+    on these configs can be corrected."""
     stock = {k: v for k, v in compiled.items() if not k[0]}
     if not stock:
         pytest.skip("SGLang ships no H100/H200 file for these shapes")

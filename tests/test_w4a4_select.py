@@ -35,7 +35,7 @@ def isolated(tmp_path, monkeypatch):
     for env in (w4a4_select.MIN_TOKENS_ENV, "SGLANG_GLM5_MOE_PATH"):
         monkeypatch.delenv(env, raising=False)
     w4a4_select.clear_memo()
-    autotune._reported.clear()
+    autotune.clear_reports()
     yield tmp_path
     w4a4_select.clear_memo()
 
@@ -64,7 +64,8 @@ def _pass(shape=SHAPE, tokens_per_expert=(64, 512), gpu=PRO6000):
 def _store_w4a4_tiles(bucket: int, cfg: GemmConfig, shape=SHAPE) -> None:
     """What `tune --path w4a4` leaves in the user cache: W4A4 tiles for one bucket."""
     entries = {
-        autotune.w4a4_cache_key(SM120, k, shape, bucket): autotune.Entry(cfg, 40000, 0.1, "t") for k in w4a4.KERNELS
+        w4a4.cache_key(SM120, k, shape, bucket, measured=True): autotune.Entry(cfg, 40000, 0.1, "t")
+        for k in w4a4.KERNELS
     }
     autotune.store(autotune.user_cache_path(SM120), SM120, entries)
 
@@ -227,7 +228,7 @@ def test_kernel_digest_covers_the_shared_sort_and_sum_kernels_and_the_op(monkeyp
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a, m=module, e=edited: SimpleNamespace(origin=str(e)) if name == m
                             else find_spec(name, *a))  # fmt: skip
-        monkeypatch.setattr(w4a4_select, "_digest", None)
+        w4a4_select.clear_memo()  # the digest is memoized like the rest
         assert w4a4_select.kernel_digest() != before, module
 
 
@@ -279,7 +280,7 @@ def test_threshold_from_the_tuner_cache(fake_gpu, stored):
     other = (SHAPE.num_experts, SHAPE.hidden, 2 * SHAPE.inter)
     _pass()
     _pass(shape=other)
-    autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, stored, measured=True)
+    w4a4.store_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, stored, measured=True)
     assert resolve_path("auto", CUDA, stored - 1, SHAPE, **SCALES) == "w4a16"
     assert resolve_path("auto", CUDA, stored, SHAPE, **SCALES) == "w4a4"
     # Another layer shape has no stored threshold: the default.
@@ -290,7 +291,7 @@ def test_threshold_from_the_tuner_cache(fake_gpu, stored):
 def test_tuner_found_w4a4_never_faster(fake_gpu):
     fake_gpu()
     _pass()
-    autotune.store_w4a4_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, None, measured=True)
+    w4a4.store_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, None, measured=True)
     assert resolve_path("auto", CUDA, 1e12, SHAPE, **SCALES) == "w4a16"
     assert resolve_path("w4a4", CUDA, 1, SHAPE, **SCALES) == "w4a4"  # forcing still works
 
@@ -300,8 +301,8 @@ def test_malformed_threshold_is_reported_and_the_default_used(fake_gpu, caplog):
     _pass()
     path = autotune.user_cache_path(SM120)
     path.parent.mkdir(parents=True)
-    key = autotune.w4a4_threshold_key(SM120, SHAPE)
-    path.write_text(json.dumps({autotune.W4A4_THRESHOLD_KEY: {key: {"min_tokens_per_expert": "many"}}}))
+    key = w4a4.threshold_key(SM120, SHAPE, measured=True)
+    path.write_text(json.dumps({w4a4.THRESHOLD_KEY: {key: {"min_tokens_per_expert": "many"}}}))
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT, SHAPE, **SCALES) == "w4a4"
     assert resolve_path("auto", CUDA, w4a4.MIN_TOKENS_PER_EXPERT - 1, SHAPE, **SCALES) == "w4a16"
     assert "skipping W4A4 threshold" in caplog.text
@@ -408,12 +409,13 @@ def _digest(path) -> str:
 def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(capsys):
     shipped = autotune.shipped_cache_path(SM120)
     before = _digest(shipped)
-    argv = ["tune", "--path", "w4a4", "--target", "rtx-pro-6000", "--shape", "8,256,128", "--batch-sizes", "64,512"]
+    argv = ["tune", "--path", "w4a4", "--target", "rtx-pro-6000", "--shape", "8,256,128", "--batch-sizes", "64,512",
+            "--no-survey"]  # fmt: skip
     assert main(argv) == 0
     assert _digest(shipped) == before, "the shipped cache must not change"
     data = json.loads(autotune.user_cache_path(SM120).read_text())
     shape = MoeShape(8, 256, 128)
-    keys = {autotune.w4a4_cache_key(SM120, k, shape, b): (k, b) for k in ("gemm1", "gemm2") for b in (64, 512)}
+    keys = {w4a4.cache_key(SM120, k, shape, b, measured=False): (k, b) for k in ("gemm1", "gemm2") for b in (64, 512)}
     assert set(data["entries"]) == set(keys)  # only W4A4 keys: the W4A16 entries are another command's
     for key, entry in data["entries"].items():
         kernel, bucket = keys[key]
@@ -422,23 +424,23 @@ def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(caps
         assert cfg == getattr(w4a4.heuristic_config(bucket), kernel)  # the heuristic fits sm_120
         (compiled,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], 120)
         assert entry["shared_bytes"] == compiled and SM120.fits(compiled)
-    threshold = data[autotune.W4A4_THRESHOLD_KEY][autotune.w4a4_threshold_key(SM120, shape)]
+    threshold = data[w4a4.THRESHOLD_KEY][w4a4.threshold_key(SM120, shape, measured=False)]
     assert threshold["min_tokens_per_expert"] == w4a4.MIN_TOKENS_PER_EXPERT and threshold["measured"] is False
     assert "not measured" in capsys.readouterr().out
     # The op's config lookup reads these entries back.
     cache = autotune.ConfigCache(SM120)
-    got = autotune.lookup_w4a4(cache, shape, 300, w4a4.heuristic_config(1))
+    got = w4a4.cached_config(cache, shape, 300, w4a4.heuristic_config(1))
     assert got == w4a4.heuristic_config(300)
 
 
 def test_w4a4_keys_survive_a_new_w4a16_kernel_revision(monkeypatch):
-    before = autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64)
-    w4a16_before = autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64)
+    before = w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True)
+    w4a16_before = autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True)
     monkeypatch.setattr(autotune, "KERNEL_REVISION", 99)
-    assert autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64) != w4a16_before  # W4A16 tiles retire
-    assert autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64) == before  # W4A4 tiles stay
+    assert autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True) != w4a16_before  # W4A16 tiles retire
+    assert w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True) == before  # W4A4 tiles stay
     monkeypatch.setattr(w4a4, "KERNEL_REVISION", w4a4.KERNEL_REVISION + 1)
-    assert autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 64) != before  # their own revision retires them
+    assert w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True) != before  # their own revision retires them
 
 
 @pytest.mark.parametrize("target", ["local", "h200"])
@@ -466,8 +468,8 @@ def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
     entries, report = w4a4_tune.tune(SM120, SHAPE, [256], fake_bench)
     assert report.candidates == 6 and report.pruned_by_model >= 1 and report.benchmarked == len(benched)
     assert ("gemm1", space[2]) not in benched
-    assert entries[autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 256)].config == space[1]
-    assert entries[autotune.w4a4_cache_key(SM120, "gemm1", SHAPE, 256)].ms == pytest.approx(1 / 128)
+    assert entries[w4a4.cache_key(SM120, "gemm1", SHAPE, 256, measured=True)].config == space[1]
+    assert entries[w4a4.cache_key(SM120, "gemm1", SHAPE, 256, measured=True)].ms == pytest.approx(1 / 128)
     with pytest.raises(ValueError, match="SM12x targets.*h200"):
         w4a4_tune.tune(TARGETS["h200"], SHAPE, [256], fake_bench)
 
