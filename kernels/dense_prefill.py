@@ -11,7 +11,7 @@ applied to the GEMM outputs instead, so dequantization adds no rounding.
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import _e2m1_nibbles_to_f16
+from sglang_glm5.kernels.nvfp4_moe import e2m1_nibbles_to_f16
 
 
 @triton.jit
@@ -40,8 +40,8 @@ def nvfp4_dequant_kernel(
     scale = sbits.to(tl.float16, bitcast=True).to(tl.float32) * (256.0 * 16384.0)
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, BLOCK_K // 16, 8)), (BLOCK_R, BLOCK_K // 2))
     q = packed.to(tl.int16)
-    lo = _e2m1_nibbles_to_f16(q & 0xF).to(tl.float32) * scale
-    hi = _e2m1_nibbles_to_f16(q >> 4).to(tl.float32) * scale
+    lo = e2m1_nibbles_to_f16(q & 0xF).to(tl.float32) * scale
+    hi = e2m1_nibbles_to_f16(q >> 4).to(tl.float32) * scale
     w = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.bfloat16)
     offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * K + offs_k[None, :], w, mask=r_ok[:, None] & (offs_k < K)[None, :])

@@ -75,14 +75,14 @@ _DECODE_PTX_BF16 = tl.constexpr(_decode_ptx(bf16=True))
 
 
 @triton.jit
-def _e2m1_nibbles_to_f16(nib):
+def e2m1_nibbles_to_f16(nib):
     """int16 nibbles (0..15) -> fp16 e2m1 value * 2^-14."""
     bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
     return bits.to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
+def round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
     """fp32 -> dtype, round to nearest even (by hand for bf16 in the interpreter)."""
     if INTERPRETER and dtype == tl.bfloat16:
         bits = v.to(tl.int32, bitcast=True)
@@ -112,10 +112,10 @@ def _decode_nvfp4(
         scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
     if INTERPRETER:  # the same values through fp16 arithmetic
-        q0 = (_e2m1_nibbles_to_f16(packed & 0xF) * scale).to(tl.float32)
-        q1 = (_e2m1_nibbles_to_f16((packed >> 4) & 0xF) * scale).to(tl.float32)
-        q2 = (_e2m1_nibbles_to_f16((packed >> 8) & 0xF) * scale).to(tl.float32)
-        q3 = (_e2m1_nibbles_to_f16((packed >> 12) & 0xF) * scale).to(tl.float32)
+        q0 = (e2m1_nibbles_to_f16(packed & 0xF) * scale).to(tl.float32)
+        q1 = (e2m1_nibbles_to_f16((packed >> 4) & 0xF) * scale).to(tl.float32)
+        q2 = (e2m1_nibbles_to_f16((packed >> 8) & 0xF) * scale).to(tl.float32)
+        q3 = (e2m1_nibbles_to_f16((packed >> 12) & 0xF) * scale).to(tl.float32)
         return q0, q1, q2, q3
     elif DTYPE == tl.float16:
         q0, q1, q2, q3 = tl.inline_asm_elementwise(
@@ -203,7 +203,7 @@ def _nvfp4_dot(
 
 
 @triton.jit
-def _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
     """The BLOCK_M pair ids of routing block pid_m, and which of them are real (the rest is padding)."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
@@ -211,7 +211,7 @@ def _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
+def tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
     """Output columns of tile pid_n: (offsets, in range, int64 offsets clamped to 0 for unmasked loads)."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < size
@@ -326,10 +326,10 @@ def _gemm1_block(
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = tl.program_id(1)
-    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
+    offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
     k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
     expert = expert.to(tl.int64)
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
@@ -379,7 +379,7 @@ def _gemm1_block(
         up = acc_u * gs_up
         h = gate / (1.0 + tl.exp(-gate)) * up
         h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
-        tl.store(h_ptrs, _round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+        tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
@@ -395,7 +395,7 @@ def _gemm2_store(
     INTERPRETER: tl.constexpr,
 ):
     y_ptrs = y_ptr + pair_safe[None, :] * stride_yt + offs_n[:, None]
-    y = _round_to(acc * scale[None, :], y_ptr.dtype.element_ty, INTERPRETER)
+    y = round_to(acc * scale[None, :], y_ptr.dtype.element_ty, INTERPRETER)
     tl.store(y_ptrs, y, mask=row_ok[None, :] & n_ok[:, None])
 
 
@@ -468,7 +468,7 @@ def _gemm2_block(
     if SPLITS > 1:
         y_ptr += tl.program_id(2).to(tl.int64) * num_pairs * stride_yt
     expert = expert.to(tl.int64)
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
     h_rows = h_ptr + pair_safe * stride_ht
     w_base = w_ptr + expert * stride_we
@@ -478,7 +478,7 @@ def _gemm2_block(
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
     if not MULTI_TILE:
-        offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
+        offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
         w_rows = w_base + offs_n_safe * stride_wn
         s_rows = s_base + offs_n_safe * stride_sn
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -494,7 +494,7 @@ def _gemm2_block(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(0, my_tiles * k_steps):
             kk = step % k_steps
-            offs_n, n_ok, offs_n_safe = _tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
+            offs_n, n_ok, offs_n_safe = tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
             w_rows = w_base + offs_n_safe * stride_wn
             s_rows = s_base + offs_n_safe * stride_sn
             if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
@@ -538,7 +538,7 @@ def moe_sum_kernel(
         for split in tl.static_range(SPLITS):
             y = tl.load(y_ptr + split * stride_ys + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
             acc += y.to(tl.float32)
-    tl.store(out_ptr + t * stride_ot + offs, _round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
+    tl.store(out_ptr + t * stride_ot + offs, round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 
 
 @triton.jit

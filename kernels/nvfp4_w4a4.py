@@ -26,7 +26,7 @@ logic (indexing, quantization, epilogues) this way; only the compiled path uses 
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import _block_pairs, _e2m1_nibbles_to_f16, _round_to, _tile_columns
+from sglang_glm5.kernels.nvfp4_moe import block_pairs, e2m1_nibbles_to_f16, round_to, tile_columns
 
 
 @triton.jit
@@ -43,8 +43,8 @@ def _decode_rows(packed, sbyte):
     R: tl.constexpr = packed.shape[0]
     C: tl.constexpr = packed.shape[1] * 2
     p = packed.to(tl.int16)
-    lo = _e2m1_nibbles_to_f16(p & 0xF).to(tl.float32) * 16384.0  # nibble decode gives value * 2^-14
-    hi = _e2m1_nibbles_to_f16(p >> 4).to(tl.float32) * 16384.0
+    lo = e2m1_nibbles_to_f16(p & 0xF).to(tl.float32) * 16384.0  # nibble decode gives value * 2^-14
+    hi = e2m1_nibbles_to_f16(p >> 4).to(tl.float32) * 16384.0
     vals = tl.reshape(tl.join(lo, hi), (R, C // 16, 16))
     return tl.reshape(vals * _e4m3_to_f32(sbyte)[:, :, None], (R, C))
 
@@ -180,10 +180,10 @@ def nvfp4_w4a4_gemm1_kernel(
         return
     expert = expert.to(tl.int64)
 
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
-    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, inter_size, BLOCK_N)
+    offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
     wg_rows = w_ptr + expert * stride_we + (gate_row0 + offs_n_safe) * stride_wn
     wu_rows = w_ptr + expert * stride_we + (up_row0 + offs_n_safe) * stride_wn
     sg_rows = ws_ptr + expert * stride_se + (gate_row0 + offs_n_safe) * stride_sn
@@ -255,10 +255,10 @@ def nvfp4_w4a4_gemm2_kernel(
         return
     expert = expert.to(tl.int64)
 
-    pair, row_ok = _block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
 
-    offs_n, n_ok, offs_n_safe = _tile_columns(pid_n, hidden_size, BLOCK_N)
+    offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
     w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
     s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
     hq_rows = hq_ptr + pair_safe * stride_hqt
@@ -276,4 +276,4 @@ def nvfp4_w4a4_gemm2_kernel(
     route_w = tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     y = acc * (alpha * route_w[:, None])
     y_ptrs = y_ptr + pair_safe[:, None] * stride_yt + offs_n[None, :]
-    tl.store(y_ptrs, _round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(y_ptrs, round_to(y, y_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[:, None] & n_ok[None, :])

@@ -539,8 +539,9 @@ def tune(
     space = TuneSpace(
         name="",
         kernels=tiles.KERNELS,
-        key=lambda kernel, bucket, measured: cache_key(target, kernel, gemm_shape(kernel, shape), bucket,
-                                                       measured=measured),  # fmt: skip
+        key=lambda kernel, bucket, measured: cache_key(
+            target, kernel, gemm_shape(kernel, shape), bucket, measured=measured
+        ),  # fmt: skip
         heuristic=tiles.heuristic_config,
         search_space=search_space,
         fits=fits,

@@ -60,7 +60,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def _balanced_routing(shape: MoeShape, m: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+def balanced_routing(shape: MoeShape, m: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
     """T tokens whose T*k pairs give every local expert exactly m pairs (distinct experts per token)."""
     num_pairs = m * shape.num_experts
     if num_pairs % shape.top_k:
@@ -121,7 +121,7 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
     w13_t, w2_t = dequant_all() if with_baselines else (None, None)  # [E, H, 2I], [E, I, H] views
     rows = []
     for i, m in enumerate(ms):
-        weights, ids, tokens = _balanced_routing(shape, m, gen)
+        weights, ids, tokens = balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         args = (x, *layer.args(), weights, ids)
         out = nvfp4_fused_moe(*args)
@@ -248,7 +248,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
                     tokens = max(1, round(bucket * shape.all_experts / shape.top_k))
                     weights, ids = bench_real.real_routing(tokens, layout, gen, 0.0, shape.all_experts, shape.top_k)
                 else:
-                    weights, ids, tokens = _balanced_routing(shape, max(int(bucket), shape.top_k), gen)
+                    weights, ids, tokens = balanced_routing(shape, max(int(bucket), shape.top_k), gen)
                 x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
                 h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
                 calls.append((moe.prepare_activations(x), moe.prepare_activations(h), weights, ids))

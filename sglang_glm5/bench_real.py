@@ -59,6 +59,7 @@ LAYOUTS = {
     "ep8": Layout("ep8", 32, 6144, 2048, 0),
     "tp8": Layout("tp8", 256, 6144, 256, 0),
 }
+SHAPE_LAYOUTS = {"glm5-ep8": "ep8", "glm5-tp8": "tp8"}  # sglang_glm5.shapes names
 
 
 def real_routing(
@@ -217,6 +218,18 @@ def fmt(r: Row) -> str:
         f"| {bf16} | {r.ms_floor:.4f} | {r.ms_floor / r.ms_ours:.0%} | {ratio} | {r.rel_err_vs_bf16:.1e} "
         f"| {'graph' if r.graph else 'eager'} |"
     )
+
+
+def write_results(out_dir: Path, name: str, rows: list[Row], environment: dict[str, str]) -> Path:
+    """NAME.json (rows and environment) and NAME.md (the table) under out_dir; returns the .md path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {"environment": environment, "rows": [asdict(r) for r in rows]}
+    (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    lines = [f"# {name}: decode at real routing", "", *(f"- {k}: `{v}`" for k, v in environment.items()), ""]
+    lines += [HEADER, *(fmt(r) for r in rows), ""]
+    md = out_dir / f"{name}.md"
+    md.write_text("\n".join(lines))
+    return md
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ import sys
 import time
 from fractions import Fraction
 
-DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench`
+DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench --routing balanced`
+REAL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 2048, 8192)  # tokens per step in `bench --routing real`
 SELFCHECK_TOKENS = (1, 7, 64)  # `selfcheck` (W4A16); --path w4a4 has its own (w4a4_verify.SELFCHECK_TOKENS)
 # `tune` (W4A16): decode under expert parallelism (fractions: GLM-5 B = 1 .. 16 tokens), then 1 .. 2048;
 # w4a4_tune.TUNE_BUCKETS for W4A4.
@@ -91,8 +92,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from sglang_glm5 import bench
     from sglang_glm5.shapes import parse_shape
 
-    shapes = [parse_shape(s) for s in args.shape]
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    if args.routing == "real":
+        from sglang_glm5 import bench_real
+
+        unknown = [s for s in args.shape if s not in bench_real.SHAPE_LAYOUTS]
+        if unknown:
+            print(f"bench: --routing real knows {', '.join(bench_real.SHAPE_LAYOUTS)}, got {unknown}", file=sys.stderr)
+            return 2
+        rows = []
+        for name in args.shape:
+            for skew in args.skew:
+                print(f"bench: {name}, real routing, skew {skew}, seed {seed}\n{bench_real.HEADER}", flush=True)
+                layout = bench_real.LAYOUTS[bench_real.SHAPE_LAYOUTS[name]]
+                rows += bench_real.run(layout, args.batch, seed, skew=skew, baselines=not args.no_baselines)
+        md = bench_real.write_results(Path(args.out), args.name, rows, bench.environment())
+        print(f"bench: wrote {md} and {md.with_suffix('.json')}")
+        return 0
+    shapes = [parse_shape(s) for s in args.shape]
     results = {}
     bw = 0.0
     for shape in shapes:
@@ -195,14 +212,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="time the NVFP4 MoE op against bf16 and dequantize-then-bf16 grouped GEMMs on the local GPU",
-        description="For each m (tokens per expert, balanced routing) times nvfp4_fused_moe, torch _grouped_mm on "
-        "bf16 weights, and NVFP4 dequantize + _grouped_mm, against the NVFP4 weight-bytes floor at the copy "
-        "bandwidth measured in the same run; up to m = 128 also ours and bf16 replayed from CUDA graphs (no host "
-        "launch cost, as SGLang runs decode). Writes NAME.json and NAME.md under --out.",
+        help="time the NVFP4 MoE op against bf16 grouped GEMMs on the local GPU, at real or balanced routing",
+        description="--routing real (default): for each B tokens per step, expert ids from a top-8 of 256 (other "
+        "ranks' slots -1 under EP8), times nvfp4_fused_moe and torch _grouped_mm on bf16 weights on the same local "
+        "slots, replayed from CUDA graphs up to B = 256 (as SGLang runs decode), against the bytes of the experts "
+        "the step touches at the copy bandwidth measured in the same run. --routing balanced: for each m (tokens "
+        "per expert, every local expert busy) also NVFP4 dequantize + _grouped_mm, eager and (m <= 128) from "
+        "graphs, against all the layer's weight bytes. Writes NAME.json and NAME.md under --out.",
     )
+    p.add_argument("--routing", choices=("real", "balanced"), default="real", help="expert ids (default: real)")
     p.add_argument("--shape", nargs="+", default=["glm5-ep8", "glm5-tp8"], help="shapes (glm5-ep8 glm5-tp8)")
-    p.add_argument("--m", type=int_list, default=list(DEFAULT_M), help="tokens per expert, comma separated")
+    p.add_argument("--batch", type=int_list, default=list(REAL_BATCHES), help="real routing: tokens per step B")
+    p.add_argument("--skew", type=float, nargs="+", default=[0.0, 1.0],
+                   help="real routing: spread of a fixed per-expert logit bias (0 = uniform; default 0 1)")  # fmt: skip
+    p.add_argument("--m", type=int_list, default=list(DEFAULT_M), help="balanced routing: tokens per expert")
     p.add_argument("--out", default="bench", help="output folder (bench)")
     p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")

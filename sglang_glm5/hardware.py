@@ -59,8 +59,9 @@ TARGETS = {
     for t in (
         GpuTarget("rtx-pro-6000", 120, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 101376, 188, 1.79e12),
         GpuTarget("rtx-pro-6000-server", 120, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 101376, 188, 1.6e12),
-        GpuTarget("rtx-pro-6000-maxq", 120, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 101376, 188,
-                  1.79e12),  # fmt: skip
+        GpuTarget(
+            "rtx-pro-6000-maxq", 120, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 101376, 188, 1.79e12
+        ),  # fmt: skip
         GpuTarget("rtx-5090", 120, "NVIDIA GeForce RTX 5090", 101376, 170, 1.79e12),
         GpuTarget("dgx-spark", 121, "NVIDIA GB10", 101376, 48, 0.273e12),
         GpuTarget("h200", 90, "NVIDIA H200", 232448, 132, 4.8e12),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,164 +26,17 @@ import triton
 
 from sglang_glm5 import prefill
 from sglang_glm5.kernels import nvfp4_moe as _k
-from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, heuristic_config
-
-W13_ORDERS = ("gate_up", "up_gate")
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-# ---------------------------------------------------------------------------------------------
-# Input validation: every message names the argument, what was expected and what came.
-
-
-def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        want = " or ".join(str(d) for d in dtypes)
-        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape, strict=True)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
-
-
-def _check_contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
-
-
-def _validate(
-    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
-) -> tuple[int, int, int, int, int]:
-    """Returns (T, H, E, I, k) or raises TypeError / ValueError."""
-    _check_tensor("hidden_states", hidden_states, ACTIVATION_DTYPES, (None, None))
-    num_tokens, hidden = hidden_states.shape
-    if hidden <= 0 or hidden % 32:
-        raise ValueError(f"hidden_states: hidden size H must be a positive multiple of 32, got {hidden}")
-    if hidden_states.stride(1) != 1:
-        raise ValueError(
-            f"hidden_states: rows must be contiguous (stride(1) == 1), got strides {hidden_states.stride()}"
-        )
-
-    _check_tensor("w13", w13, (torch.uint8,), (None, None, hidden // 2))
-    num_experts, two_i, _ = w13.shape
-    if two_i <= 0 or two_i % 2 or (two_i // 2) % 32:
-        raise ValueError(f"w13: dim 1 must be 2*I with I a positive multiple of 32, got {two_i}")
-    inter = two_i // 2
-    _check_tensor("w13_scale", w13_scale, (torch.float8_e4m3fn,), (num_experts, two_i, hidden // 16))
-    if not isinstance(w13_scale_2, torch.Tensor) or w13_scale_2.dim() not in (1, 2):
-        got = list(w13_scale_2.shape) if isinstance(w13_scale_2, torch.Tensor) else type(w13_scale_2).__name__
-        raise ValueError(f"w13_scale_2: expected shape [{num_experts}] or [{num_experts}, 2], got {got}")
-    _check_tensor(
-        "w13_scale_2", w13_scale_2, (torch.float32,), (num_experts,) + ((2,) if w13_scale_2.dim() == 2 else ())
-    )
-    _check_tensor("w2", w2, (torch.uint8,), (num_experts, hidden, inter // 2))
-    _check_tensor("w2_scale", w2_scale, (torch.float8_e4m3fn,), (num_experts, hidden, inter // 16))
-    _check_tensor("w2_scale_2", w2_scale_2, (torch.float32,), (num_experts,))
-    _check_tensor("topk_weights", topk_weights, (torch.float32,), (num_tokens, None))
-    top_k = topk_weights.shape[1]
-    _check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (num_tokens, top_k))
-    if top_k < 1:
-        raise ValueError("topk_ids: top-k must be at least 1, got 0 columns")
-    for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
-        _check_contiguous(name, t)
-    if w13_order not in W13_ORDERS:
-        raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
-
-    device = hidden_states.device
-    named = (
-        ("w13", w13), ("w13_scale", w13_scale), ("w13_scale_2", w13_scale_2), ("w2", w2),
-        ("w2_scale", w2_scale), ("w2_scale_2", w2_scale_2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
-    )  # fmt: skip
-    for name, t in named:
-        if t.device != device:
-            raise ValueError(f"{name}: expected device {device} (that of hidden_states), got {t.device}")
-    if device.type != "cuda" and not interpreting():
-        raise ValueError(
-            f"hidden_states: expected a CUDA tensor, got device {device} "
-            "(CPU tensors run only through the Triton interpreter, TRITON_INTERPRET=1)"
-        )
-    return num_tokens, hidden, num_experts, inter, top_k
-
-
-def _check_ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """-1 (expert on another rank) or a local expert id; skipped while a CUDA graph is captured."""
-    if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    bad = (topk_ids < -1) | (topk_ids >= num_experts)
-    if bool(bad.any()):
-        value = int(topk_ids[bad][0])
-        raise ValueError(f"topk_ids: expected values in [-1, {num_experts - 1}] (-1 = not on this rank), got {value}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Routing: (token, slot) pairs sorted by expert into blocks of block_m, without a host sync.
-
-
-class Route(NamedTuple):
-    """(token, slot) pairs sorted by expert into blocks of block_m pairs that share an expert."""
-
-    sorted_ids: torch.Tensor  # [num_blocks * block_m] int32 pair ids; P = padding
-    block_expert: torch.Tensor  # [num_blocks] int32 expert of each block; -1 = unused
-    used_blocks: torch.Tensor  # [1] int32: blocks 0 .. used - 1 hold pairs, the rest are unused
-
-
-def num_blocks_bound(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Upper bound on the routing blocks: at most min(P, E) experts hold pairs, each wasting at most
-    block_m - 1 slots of its last block; one more block so that the bound is never zero."""
-    return (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
-
-
-def route_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int, zero: torch.Tensor | None = None) -> Route:
-    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
-
-    Pair ids in a block are in increasing order; slots past an expert's count hold P (padding).
-    Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
-    is ``num_blocks_bound``, so sizes never depend on the ids' values: no host synchronization
-    (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters).
-    The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
-    """
-    ids = topk_ids.reshape(-1)
-    num_pairs = ids.numel()
-    num_blocks = num_blocks_bound(num_pairs, num_experts, block_m)
-    sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
-    used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
-    _k.moe_align_kernel[(num_experts + 1,)](
-        topk_ids_ptr=ids,
-        sorted_ids_ptr=sorted_ids,
-        block_expert_ptr=block_expert,
-        used_blocks_ptr=used_blocks,
-        zero_ptr=used_blocks if zero is None else zero,
-        num_pairs=num_pairs,
-        num_experts=num_experts,
-        num_blocks=num_blocks,
-        num_zero=0 if zero is None else zero.numel(),
-        BLOCK_M=block_m,
-        E_PAD=max(16, triton.next_power_of_2(num_experts)),
-        BLOCK=max(16, min(1024, triton.next_power_of_2(num_pairs))),  # decode: a few pairs, a small histogram
-    )
-    return Route(sorted_ids, block_expert, used_blocks)
-
-
-def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_ids, block_expert) of ``route_pairs``, for kernels that launch a program per block."""
-    route = route_pairs(topk_ids, num_experts, block_m)
-    return route.sorted_ids, route.block_expert
-
-
-def routes_for(topk_ids: torch.Tensor, num_experts: int, cfg: MoeConfig) -> tuple[tuple, tuple]:
-    """(gemm1's, gemm2's) ``align_pairs_by_expert`` routing for their block_m; sorted once when they agree."""
-    route1 = align_pairs_by_expert(topk_ids, num_experts, cfg.gemm1.block_m)
-    if cfg.gemm2.block_m == cfg.gemm1.block_m:
-        return route1, route1
-    return route1, align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
-
+from sglang_glm5.routing import (
+    Route,
+    check_ids_in_range,
+    interpreting,
+    num_blocks_bound,
+    prepare_activations,
+    route_pairs,
+    sum_over_slots,
+    validate,
+)
+from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, check_w4a16_config, heuristic_config
 
 # ---------------------------------------------------------------------------------------------
 # How many programs: at decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so
@@ -343,14 +195,14 @@ def nvfp4_fused_moe(
     parallelism). Tiles and paths are chosen by tokens per expert, estimated without a sync as
     T * k / num_global_experts (default E: every slot local).
     """
-    num_tokens, hidden, num_experts, inter, top_k = _validate(
+    num_tokens, hidden, num_experts, inter, top_k = validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
     )
     out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     if num_tokens == 0:
         return out
     if check_ids:
-        _check_ids_in_range(topk_ids, num_experts)
+        check_ids_in_range(topk_ids, num_experts)
     if config is not None and not isinstance(config, MoeConfig):
         raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
     num_pairs = num_tokens * top_k
@@ -408,60 +260,6 @@ def nvfp4_fused_moe(
     return out
 
 
-def prepare_activations(x: torch.Tensor) -> torch.Tensor:
-    """[T, K] bf16/fp16 -> [T, K], same dtype, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 31].
-
-    The layout the GEMM kernels read activations in (``sglang_glm5.kernels.nvfp4_moe``); K % 32 == 0.
-    """
-    num_rows, k = x.shape
-    xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
-    block_t, block_k = 16, 256
-    _k.prepare_activations_kernel[(triton.cdiv(num_rows, block_t), triton.cdiv(k, block_k))](
-        x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
-        BLOCK_T=block_t, BLOCK_K=block_k,
-    )  # fmt: skip
-    return xp
-
-
-def sum_over_slots(
-    y: torch.Tensor,
-    topk_ids: torch.Tensor,
-    out: torch.Tensor,
-    num_experts: int,
-    interpret: bool,
-    row_map: torch.Tensor | None = None,
-) -> None:
-    """out[t] = sum of y[row of pair t * k + j] over the slots j with a local expert (fp32, deterministic).
-
-    The row of pair p is p, or row_map[p] ([T * k] int32) when given. A 3-d y [splits, rows, H] holds
-    gemm2's split-K partials, added too (slots, then splits, in order).
-    """
-    num_tokens, hidden = out.shape
-    block_h = 1024
-    splits = y.shape[0] if y.dim() == 3 else 1
-    _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-        y_ptr=y,
-        topk_ids_ptr=topk_ids,
-        row_map_ptr=row_map if row_map is not None else topk_ids,
-        out_ptr=out,
-        hidden_size=hidden,
-        num_experts=num_experts,
-        stride_ys=y.stride(0) if splits > 1 else 0,
-        stride_yt=y.stride(-2),
-        stride_ot=out.stride(0),
-        TOP_K=topk_ids.shape[1],
-        SPLITS=splits,
-        BLOCK_H=block_h,
-        HAS_ROW_MAP=row_map is not None,
-        INTERPRETER=interpret,
-    )
-
-
-def _check_block_k(cfg: GemmConfig) -> None:
-    if cfg.block_k < 64:
-        raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
-
-
 def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
     """One block program per possible block, no split: the grid of a launch that was not planned."""
     return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
@@ -474,7 +272,7 @@ def launch_gemm1(
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``)."""
     num_pairs, inter = h.shape
-    _check_block_k(cfg)
+    check_w4a16_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
     tiles = triton.cdiv(inter, cfg.block_n)
@@ -542,7 +340,7 @@ def launch_gemm2(
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
-    _check_block_k(cfg)
+    check_w4a16_config(cfg)
     w2 = w2.view(torch.int16)
     tiles = triton.cdiv(hidden, cfg.block_n)
     if per_program is None:

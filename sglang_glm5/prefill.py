@@ -64,7 +64,7 @@ def dense_moe(
 ) -> torch.Tensor:  # fmt: skip
     """The module docstring's path; arguments as validated by ``nvfp4_fused_moe``. Writes ``out``."""
     from sglang_glm5.kernels.dense_prefill import dense_activation_kernel
-    from sglang_glm5.moe import align_pairs_by_expert, interpreting, sum_over_slots
+    from sglang_glm5.routing import align_pairs_by_expert, interpreting, sum_over_slots
 
     num_tokens, hidden = hidden_states.shape
     num_experts = w13.shape[0]

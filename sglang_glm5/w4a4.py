@@ -349,9 +349,9 @@ def _run(
     w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
     check_ids: bool = True, num_global_experts: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    from sglang_glm5.moe import _check_ids_in_range, _validate, interpreting, routes_for, sum_over_slots
+    from sglang_glm5.routing import check_ids_in_range, interpreting, routes_for, sum_over_slots, validate
 
-    num_tokens, hidden, num_experts, inter, top_k = _validate(
+    num_tokens, hidden, num_experts, inter, top_k = validate(
         hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
     )
     device = hidden_states.device
@@ -359,7 +359,7 @@ def _run(
     if num_tokens == 0:
         return out
     if check_ids:
-        _check_ids_in_range(topk_ids, num_experts)
+        check_ids_in_range(topk_ids, num_experts)
     if config is not None and not isinstance(config, MoeConfig):
         raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
     if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):

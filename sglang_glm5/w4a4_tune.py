@@ -116,8 +116,8 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
     """
     import triton.testing
 
-    from sglang_glm5.bench import _balanced_routing, rotating_layers
-    from sglang_glm5.moe import align_pairs_by_expert
+    from sglang_glm5.bench import balanced_routing, rotating_layers
+    from sglang_glm5.routing import align_pairs_by_expert
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
@@ -127,7 +127,7 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
 
     def bench(kernel: str, cfg: GemmConfig, bucket: int) -> float:
         if bucket not in inputs:
-            weights, ids, tokens = _balanced_routing(shape, max(bucket, shape.top_k), gen)
+            weights, ids, tokens = balanced_routing(shape, max(bucket, shape.top_k), gen)
             x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
             a1 = (x.float().abs().max() / 2688.0).reshape(1)
             xq, xs = w4a4.quantize_activations(x, a1)
@@ -158,7 +158,7 @@ def op_bencher(shape, seed: int) -> Callable[[int, MoeConfig | None], tuple[floa
     """(W4A16 ms, W4A4 ms) of the whole op at m tokens per expert (balanced routing): the threshold's data."""
     import triton.testing
 
-    from sglang_glm5.bench import _balanced_routing
+    from sglang_glm5.bench import balanced_routing
     from sglang_glm5.moe import nvfp4_fused_moe
     from sglang_glm5.testing import random_layer
     from sglang_glm5.w4a4_verify import w4a16_kwargs
@@ -169,7 +169,7 @@ def op_bencher(shape, seed: int) -> Callable[[int, MoeConfig | None], tuple[floa
     pin = w4a16_kwargs()
 
     def bench(m: int, config: MoeConfig | None) -> tuple[float, float]:
-        weights, ids, tokens = _balanced_routing(shape, m, gen)
+        weights, ids, tokens = balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         a1 = torch.full((shape.num_experts, 2), float(x.float().abs().max()) / 2688.0, device="cuda")
         a2 = torch.full((shape.num_experts,), 1.0 / 2688.0, device="cuda")  # values do not change the time

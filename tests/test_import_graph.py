@@ -26,35 +26,11 @@ PACKAGES = {
     "configs": "sglang_glm5.configs",
 }
 
-# Import edges (importer, imported) that close a cycle today, all through sglang_glm5.moe, which imports
-# prefill, w4a4 and w4a4_select to dispatch to them. They go once moe's shared routing helpers
-# (align_pairs_by_expert, sum_over_slots, interpreting, input validation) move out of moe.py.
-KNOWN_CYCLE_EDGES = {
-    # prefill.dense_moe uses moe.align_pairs_by_expert, moe.interpreting, moe.sum_over_slots.
-    ("sglang_glm5.prefill", "sglang_glm5.moe"),
-    # w4a4._run uses moe._validate, moe._check_ids_in_range, moe.interpreting, moe.routes_for,
-    # moe.sum_over_slots; w4a4_tune.kernel_bencher uses moe.align_pairs_by_expert (not a cycle by itself).
-    ("sglang_glm5.w4a4", "sglang_glm5.moe"),
-}
+# Import edges (importer, imported) that close a cycle today, with the reason. Empty: a new cycle fails.
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 
-# Private names used across modules: (user, owner, name). Each needs the owner to make the name public
-# (or to move it), in a file being rewritten elsewhere (moe.py, bench.py, kernels/).
-KNOWN_PRIVATE_USES = {
-    # The W4A4 op validates its inputs and expert ids with the W4A16 op's checks.
-    ("sglang_glm5.w4a4", "sglang_glm5.moe", "_validate"),
-    ("sglang_glm5.w4a4", "sglang_glm5.moe", "_check_ids_in_range"),
-    # bench times the W4A16 GEMMs one by one through moe's private launchers.
-    ("sglang_glm5.bench", "sglang_glm5.moe", "_launch_gemm1"),
-    ("sglang_glm5.bench", "sglang_glm5.moe", "_launch_gemm2"),
-    # The W4A4 kernel bencher reuses bench's balanced routing.
-    ("sglang_glm5.w4a4_tune", "sglang_glm5.bench", "_balanced_routing"),
-    # The dense-prefill and W4A4 kernels share @triton.jit helpers of the W4A16 kernel file.
-    ("sglang_glm5.kernels.dense_prefill", "sglang_glm5.kernels.nvfp4_moe", "_e2m1_nibbles_to_f16"),
-    ("sglang_glm5.kernels.nvfp4_w4a4", "sglang_glm5.kernels.nvfp4_moe", "_e2m1_nibbles_to_f16"),
-    ("sglang_glm5.kernels.nvfp4_w4a4", "sglang_glm5.kernels.nvfp4_moe", "_block_pairs"),
-    ("sglang_glm5.kernels.nvfp4_w4a4", "sglang_glm5.kernels.nvfp4_moe", "_round_to"),
-    ("sglang_glm5.kernels.nvfp4_w4a4", "sglang_glm5.kernels.nvfp4_moe", "_tile_columns"),
-}
+# Private names used across modules: (user, owner, name), with the reason. Empty: a new use fails.
+KNOWN_PRIVATE_USES: set[tuple[str, str, str]] = set()
 
 
 def package_modules(root: Path = ROOT) -> dict[str, Path]:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_glm5.moe import align_pairs_by_expert, nvfp4_fused_moe
+from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_moe_reference
+from sglang_glm5.routing import align_pairs_by_expert
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
