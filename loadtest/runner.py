@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sglang_glm5._proc import python_command
 from sglang_glm5.loadtest import metrics
 from sglang_glm5.loadtest.workload import PromptSource, Workload, request_for
 
@@ -110,7 +111,7 @@ def canonical_command(args: argparse.Namespace) -> str:
 def locust_command(
     host: str, workload: Workload, model: str, users: int, duration: float, timeout: float, records: Path, salt: str
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", host, "--headless"]
+    cmd = python_command("-m", "locust", "-f", str(LOCUSTFILE), "--host", host, "--headless")
     cmd += ["-u", str(users), "-r", str(users * 20), "-t", f"{duration:g}s", "--stop-timeout", f"{timeout + 5:g}"]
     cmd += ["--exit-code-on-error", "0", "--only-summary", "--lt-mode", workload.mode]
     cmd += ["--lt-input-len", str(workload.input_len), "--lt-output-len", str(workload.output_len)]

@@ -48,4 +48,6 @@ def update_json(path: Path, update: Callable[[dict], None]) -> dict:
 
 def cache_dir() -> Path:
     """$SGLANG_GLM5_CACHE_DIR, default ~/.cache/sglang_glm5."""
-    return Path(os.environ.get("SGLANG_GLM5_CACHE_DIR") or Path.home() / ".cache" / "sglang_glm5")
+    from sglang_glm5.env import cache_dir as from_env
+
+    return from_env()

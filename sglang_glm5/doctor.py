@@ -1,9 +1,10 @@
 """``sglang-glm5 doctor``: what to run on the GPU box before serving. One line per check.
 
-Checks: GPU and target profile, SGLang / torch / Triton versions against the tested ones, the plugin
-found through the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the config
-cache entries for this GPU, and the op against the float64 reference on the GPU. Exit status 1 when
-any check fails. Nothing heavy is imported at module level.
+Checks: where the package is imported from, GPU and target profile, SGLang / torch / Triton versions
+against the tested ones, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin found through
+the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user config
+caches (entries per file, broken files, the W4A4 self-check record), and the op against the float64
+reference on the GPU. Exit status 1 when any check fails. Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -34,6 +35,31 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def check_package() -> tuple[str, str]:
+    import sglang_glm5
+
+    here = Path(sglang_glm5.__file__).resolve().parent
+    if (here / "kernels").is_dir():
+        kind = "installed"
+    elif (here.parent / "pyproject.toml").is_file():
+        kind = "source checkout: an editable install, or Python started in the repository root"
+    else:
+        return FAIL, f"package: {here} has no kernels/ subpackage (reinstall: pip install sglang-glm5)"
+    return OK, f"package: sglang-glm5 {_version('sglang-glm5') or sglang_glm5.__version__} from {here} ({kind})"
+
+
+def check_env() -> list[tuple[str, str]]:
+    from sglang_glm5 import env
+
+    errors, warnings = env.problems()
+    lines = [(FAIL, f"env: {e}") for e in errors] + [(WARN, f"env: {w}") for w in warnings]
+    shown = [f"{n}=<set>" if env.BY_NAME[n].secret else f"{n}={os.environ[n]}" for n in sorted(os.environ)
+             if n in env.BY_NAME]  # fmt: skip
+    if not lines:
+        lines.append((OK, "env: " + (", ".join(shown) if shown else "no SGLANG_GLM5_* switch set (defaults)")))
+    return lines
 
 
 def check_gpu(no_gpu: bool) -> tuple[str, str]:
@@ -86,7 +112,8 @@ def check_plugin() -> list[tuple[str, str]]:
     if allowed and eps[0].name not in {x.strip() for x in allowed.split(",")}:
         lines.append((FAIL, f"plugin: SGLANG_PLUGINS={allowed!r} leaves out {eps[0].name}"))
     if guard.disabled():
-        lines.append((WARN, f"plugin: {guard.DISABLE_ENV} is set, the plugin stays off"))
+        lines.append((WARN, f"plugin: {guard.DISABLE_ENV} turns the plugin off: SGLang runs stock, and "
+                      f"--moe-runner-backend {guard.BACKEND_NAME} is not available"))  # fmt: skip
     if guard.version_supported(guard.installed_sglang_version()):
         from sglang_glm5 import patches
 
@@ -98,23 +125,56 @@ def check_plugin() -> list[tuple[str, str]]:
     return lines
 
 
-def check_cache() -> tuple[str, str]:
-    import torch
+def _entries(path: Path) -> int | str:
+    """Autotune entries in a cache file, or why it cannot be read."""
+    from sglang_glm5._files import read_json
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    dirs = [Path(os.environ.get("SGLANG_GLM5_CACHE_DIR", Path.home() / ".cache" / "sglang_glm5"))]
-    dirs.append(Path(__file__).resolve().parent.parent / "configs")
-    files = [f for d in dirs if d.is_dir() for f in d.rglob("*.json")]
-    if device:
-        slug = device.replace(" ", "_").lower()
-        mine = [f for f in files if slug in f.name.lower() or device.lower() in f.read_text(errors="replace").lower()]
-    else:
-        mine = []
-    where = ", ".join(str(d) for d in dirs)
-    if device is None:
-        return SKIP, f"cache: no GPU to match ({len(files)} file(s) under {where})"
-    status = OK if mine else WARN
-    return status, f"cache: {len(mine)} file(s) for {device} under {where}" + ("" if mine else " (heuristic configs)")
+    try:
+        entries = read_json(path).get("entries", {})
+    except (OSError, ValueError) as e:
+        return str(e)
+    return len(entries) if isinstance(entries, dict) else f"{path}: 'entries' is not an object"
+
+
+def check_cache() -> list[tuple[str, str]]:
+    from importlib import resources
+
+    from sglang_glm5 import env
+
+    shipped = Path(str(resources.files("sglang_glm5.configs"))) / "autotune"
+    user = env.cache_dir() / "autotune"
+    lines = []
+    for where, folder in (("shipped", shipped), ("user", user)):
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        counts = {f.stem: _entries(f) for f in files}
+        broken = {name: why for name, why in counts.items() if isinstance(why, str)}
+        for why in broken.values():
+            lines.append((WARN, f"cache: {why} (skipped by lookups; `tune` keeps it aside and writes a new one)"))
+        listed = ", ".join(f"{name} {n}" for name, n in counts.items() if name not in broken)
+        if where == "shipped" and not files:
+            lines.append((FAIL, f"cache: no shipped caches under {shipped} (reinstall the package)"))
+        else:
+            lines.append(
+                (OK, f"cache: {where} {folder}: {len(files)} file(s)" + (f", entries: {listed}" if listed else ""))
+            )
+    from sglang_glm5.w4a4_select import record_problems
+
+    lines += [(WARN, f"cache: {p}") for p in record_problems()]
+    try:
+        from sglang_glm5 import hardware
+
+        target = hardware.detect()
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        target = None
+    if (
+        target is not None
+        and not (shipped / f"{target.name}.json").is_file()
+        and not (user / f"{target.name}.json").is_file()
+    ):
+        lines.append(
+            (WARN, f"cache: nothing for {target.name}: heuristic tiles (run `sglang-glm5 tune --target local`)")
+        )
+    return lines
 
 
 def check_op(no_gpu: bool) -> tuple[str, str]:
@@ -141,10 +201,12 @@ def check_op(no_gpu: bool) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     checks: list[Callable[[], list[tuple[str, str]]]] = [
+        lambda: [check_package()],
         lambda: [check_gpu(args.no_gpu)],
         check_versions,
+        check_env,
         check_plugin,
-        lambda: [check_cache()],
+        check_cache,
         lambda: [check_op(args.no_gpu)],
     ]
     failures = 0

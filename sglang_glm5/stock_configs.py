@@ -99,12 +99,13 @@ def compiled_shared(items: list[tuple[str | None, dict[str, int]]]) -> list[int]
     """Shared memory on sm_120 of SGLang's fused_moe_kernel for each (dtype, config): one worker process."""
     import os
     import subprocess
-    import sys
+
+    from sglang_glm5._proc import python_command
 
     payload = json.dumps([[d, c] for d, c in items])
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_glm5.stock_configs"], input=payload, capture_output=True, text=True, env=env
+        python_command("-m", "sglang_glm5.stock_configs"), input=payload, capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"

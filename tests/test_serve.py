@@ -23,7 +23,7 @@ from sglang_glm5.plan import load_model_config
 from sglang_glm5.profiles import load_profile, profile_names
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = ["python", "-m", "sglang.launch_server"]
+LAUNCHER = ["python", "-P", "-m", "sglang.launch_server"]
 MULTI_NODE = ["--node-rank", "0", "--dist-init-addr", "10.0.0.1:50000"]
 
 
@@ -51,8 +51,8 @@ def _dry_run(capsys, model_dir: Path, *args: str) -> list[str]:
     out = capsys.readouterr().out
     assert rc == 0, out
     argv = shlex.split(out.strip().splitlines()[-1])
-    assert argv[:3] == LAUNCHER, argv
-    return argv[3:]
+    assert argv[:4] == LAUNCHER, argv
+    return argv[4:]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ OVERRIDES = [
 def test_safe_overrides(sg, capsys, model_dir, case, monkeypatch):
     _, extra, field, want = case
     launch, _ = serve.build(_serve_args(model_dir, extra=extra))
-    argv = launch.argv[3:]
+    argv = launch.argv[4:]
     args = _check_round_trip(sg, argv)
     assert getattr(args, field) == want
     flag = extra[0].split("=")[0]
@@ -203,7 +203,7 @@ def test_plugin_environment(model_dir, monkeypatch):
     assert launch.env["SGLANG_PLUGINS"] == "other,sglang_glm5" and launch.env_changes == {
         "SGLANG_PLUGINS": "other,sglang_glm5"
     }
-    assert serve.shown_command(launch).startswith("SGLANG_PLUGINS=other,sglang_glm5 python -m sglang.launch_server")
+    assert serve.shown_command(launch).startswith("SGLANG_PLUGINS=other,sglang_glm5 python -P -m sglang.launch_server")
 
 
 def test_serve_execs_the_launcher_and_hides_the_key(model_dir, monkeypatch, capsys):
@@ -214,7 +214,7 @@ def test_serve_execs_the_launcher_and_hides_the_key(model_dir, monkeypatch, caps
     out = capsys.readouterr().out
     assert rc == 0 and len(calls) == 1
     path, argv, env = calls[0]
-    assert path == sys.executable and argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert path == sys.executable and argv[:4] == [sys.executable, "-P", "-m", "sglang.launch_server"]
     assert argv[argv.index("--api-key") + 1] == "secret-key"
     assert "secret-key" not in out and "--api-key '<redacted>'" in out
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -240,7 +240,7 @@ def test_launch_server_script_dry_run(sg, model_dir):
     out = subprocess.run([script, str(model_dir), "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     argv = shlex.split(out.stdout.strip().splitlines()[-1])
-    args = _check_round_trip(sg, argv[3:])
+    args = _check_round_trip(sg, argv[4:])
     assert args.tp_size == 8 and args.ep_size == 8 and args.moe_runner_backend == "nvfp4_triton"
     assert "plan: GLM-5" not in out.stderr and "808,156 tokens" in out.stderr  # the plan, read from the folder
 
@@ -248,7 +248,7 @@ def test_launch_server_script_dry_run(sg, model_dir):
     out = subprocess.run([script, str(model_dir), "--dry-run", "--", "--moe-runner-backend", "flashinfer_cutlass"],
                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    args = _check_round_trip(sg, shlex.split(out.stdout.strip().splitlines()[-1])[3:])
+    args = _check_round_trip(sg, shlex.split(out.stdout.strip().splitlines()[-1])[4:])
     assert (args.nnodes, args.node_rank, args.tp_size, args.ep_size) == (2, 1, 16, 16)
     assert args.moe_runner_backend == "flashinfer_cutlass"
 
