@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -174,6 +175,9 @@ def _warmup(host: str, workload: Workload, model: str, n: int, users: int, api_k
 
 def run(args: argparse.Namespace) -> int:
     host = args.host.rstrip("/")
+    parsed = urllib.parse.urlsplit(host)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"--host {args.host}: expected a URL with its scheme, e.g. http://{host}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     try:
         check_health(host, api_key)
@@ -210,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         "warmup": args.warmup,
         "flush_cache": args.flush_cache,
         "request_timeout_s": args.request_timeout,
+        "slo": metrics.Slo(args.slo_ttft_ms, args.slo_tpot_ms).as_dict(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "client_host": platform.node(),

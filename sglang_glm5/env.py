@@ -131,15 +131,22 @@ API_KEY = Switch(
     _text, secret=True,
 )  # fmt: skip
 TEST_DEVICE = Switch(
-    "SGLANG_GLM5_TEST_DEVICE", "cpu \\| cuda", "cpu",
-    "tests: `cpu` (kernels through the Triton interpreter) or `cuda` (real compilation)",
-    _choice("cpu", "cuda"),
+    "SGLANG_GLM5_TEST_DEVICE", "`cpu` \\| `cuda[:N]`", "cpu",
+    "tests: `cpu` (kernels through the Triton interpreter) or a CUDA device (real compilation)",
+    lambda name, text: _device(name, text),
 )  # fmt: skip
 SEED = Switch(
     "SGLANG_GLM5_SEED", "integer", None,
     "tests: replay the seed a failing test printed (default: a fresh seed per test)",
     lambda name, text: _integer(name, text),
 )  # fmt: skip
+
+
+def _device(name: str, text: str) -> str | None:
+    value = text.strip().lower()
+    if value and value != "cpu" and not (value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit())):
+        raise EnvError(f"{name}: expected cpu, cuda or cuda:N, got {text!r}")
+    return value or None
 
 
 def _integer(name: str, text: str) -> int | None:

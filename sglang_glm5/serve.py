@@ -325,7 +325,11 @@ def add_cli(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=30000, help="HTTP port (default 30000)")
     p.add_argument("--api-key", default=None, help=f"required from clients (default: ${API_KEY_ENV} if set)")
-    p.add_argument("--context", type=int, default=None, help="longest request in tokens (default: the profile's)")
+    from sglang_glm5.cli import positive
+
+    p.add_argument(
+        "--context", type=positive(int), default=None, help="longest request in tokens (default: the profile's)"
+    )
     p.add_argument("--nnodes", type=int, default=None, help="nodes (multi-node profiles; default: the profile's)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0 on the node that serves HTTP")
     p.add_argument("--dist-init-addr", default=None, help="node 0's HOST:PORT for the multi-node rendezvous")
