@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -57,12 +58,13 @@ def test_readme_table_is_the_registry():
     table = text.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == env.markdown_table(), "README's switch table is stale: paste `python -m sglang_glm5.env`"
     names = {s.name for s in env.SWITCHES}
-    source = " ".join(
-        p.read_text() for d in ("sglang_glm5", "patches", "loadtest", "kernels") for p in (REPO / d).glob("*.py")
-    )
-    used = {w.strip("`'\"$(){}.,:;") for w in source.split() if "SGLANG_GLM5_" in w}
-    used = {w[w.index("SGLANG_GLM5_") :] for w in used}
-    used = {"".join(c for c in w if c.isalnum() or c == "_") for w in used} - {"SGLANG_GLM5_"}
+    code = [
+        p
+        for d in ("sglang_glm5", "patches", "loadtest", "kernels", "examples", "tests")
+        for p in (REPO / d).glob("*.py")
+    ]
+    used = {m for p in code for m in re.findall(r"SGLANG_GLM5_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    used -= {"SGLANG_GLM5_DISABLED", "SGLANG_GLM5_MOE_PAHT"}  # the misspellings this file tests
     assert used <= names, f"switches used in the code but not in the registry: {sorted(used - names)}"
 
 
