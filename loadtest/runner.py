@@ -29,12 +29,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sglang_glm5 import env
 from sglang_glm5._proc import python_command
 from sglang_glm5.loadtest import metrics
 from sglang_glm5.loadtest.workload import PromptSource, Workload, request_for
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-API_KEY_ENV = "SGLANG_GLM5_API_KEY"
+API_KEY_ENV = env.API_KEY.name
 
 
 class ServerDown(Exception):
@@ -134,9 +135,9 @@ def _count(path: Path) -> tuple[int, int]:
 
 def _run_locust(cmd: list[str], records: Path, log: Path, label: str, duration: float, timeout: float) -> int:
     """One Locust subprocess, with a progress line every 10 s; returns its exit code."""
-    env = dict(os.environ)
+    environ = dict(os.environ)
     with log.open("w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=environ)
         t0 = time.monotonic()
         limit = duration + timeout + 120  # Locust stops itself at duration + stop timeout; this is a backstop
         next_report = 10.0
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     parsed = urllib.parse.urlsplit(host)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError(f"--host {args.host}: expected a URL with its scheme, e.g. http://{host}")
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key or env.get(env.API_KEY)
     try:
         check_health(host, api_key)
     except ServerDown as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import functools
 import importlib.util
 import os
 import re
@@ -120,7 +121,13 @@ def sglang_flag_names() -> set[str] | None:
     """Every flag name (without dashes) SGLang's launcher accepts; None when SGLang is not installed."""
     if importlib.util.find_spec("sglang") is None:
         return None
-    return {opt[2:] for action in _sglang_parser()._actions for opt in action.option_strings if opt.startswith("--")}
+    return set(_sglang_flag_names())
+
+
+@functools.cache
+def _sglang_flag_names() -> frozenset[str]:
+    actions = _sglang_parser()._actions
+    return frozenset(opt[2:] for action in actions for opt in action.option_strings if opt.startswith("--"))
 
 
 class _RaisingParser(argparse.ArgumentParser):

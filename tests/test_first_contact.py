@@ -409,3 +409,38 @@ def test_compile_workers_ignore_a_sglang_glm5_folder_in_the_current_directory(tm
     cfg = tiles.heuristic_config(1).gemm1
     shared = tiles.compiled_shared_bytes("gemm1", cfg, TARGETS["rtx-pro-6000"], memo=False)
     assert 0 < shared <= TARGETS["rtx-pro-6000"].shared_per_block
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Smaller defaults.
+
+
+def test_compare_reuses_the_slos_run_stored(tmp_path, capsys):
+    from test_loadtest import _write_folder  # a results folder with known timings (tests/test_loadtest.py)
+
+    ttft, tpot = random.Random().choice([(150.0, 90.0), (250.0, 40.0), (500.0, 100.0)])
+    folders = [_write_folder(tmp_path / name, speed) for name, speed in (("baseline", 1.0), ("patched", 1.3))]
+    for folder in folders:
+        meta = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**meta, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}))
+    out = tmp_path / "cmp"
+    assert main(["loadtest", "compare", *map(str, folders), "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["slo"] == {"ttft_ms": ttft, "tpot_ms": tpot}
+    assert main(["loadtest", "compare", *map(str, folders), "--out", str(out), "--slo-ttft-ms", "77"]) == 0
+    assert json.loads((out / "report.json").read_text())["slo"] == {"ttft_ms": 77.0, "tpot_ms": tpot}
+    capsys.readouterr()
+    meta = json.loads((folders[1] / "run.json").read_text())
+    (folders[1] / "run.json").write_text(json.dumps({**meta, "slo": {"ttft_ms": ttft + 1, "tpot_ms": tpot}}))
+    line = _one_line_error(_in_process(capsys, ["loadtest", "compare", *map(str, folders), "--out", str(out)]))
+    assert "different ttft_ms SLOs" in line and "pass --slo-ttft-ms" in line
+
+
+def test_stock_configs_writes_to_the_user_cache_by_default(monkeypatch, capsys):
+    from sglang_glm5 import stock_configs
+
+    written = []
+    monkeypatch.setattr(stock_configs, "generate", lambda out: written.append(out) or [])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # SGLang "installed"
+    assert main(["stock-configs"]) == 0
+    assert written == [env.cache_dir() / "sglang_moe"]
+    assert f"SGLANG_MOE_CONFIG_DIR={written[0]}" in capsys.readouterr().out
