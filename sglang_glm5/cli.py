@@ -108,6 +108,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
         if asked != args.batch_sizes:
             print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
+    if args.path == "w4a4":
+        from sglang_glm5 import w4a4_tune
+
+        return w4a4_tune.tune_command(args)  # it says itself what --target local needs
     if args.target == "local":
         import torch
 
@@ -116,10 +120,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 "--target local: torch sees no CUDA GPU here; name the target instead (--target rtx-pro-6000 "
                 "tunes offline: AOT-checked picks, not measured)"
             )
-    if args.path == "w4a4":
-        from sglang_glm5 import w4a4_tune
-
-        return w4a4_tune.tune_command(args)
     from pathlib import Path
 
     from sglang_glm5.hardware import resolve
