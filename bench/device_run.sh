@@ -7,6 +7,7 @@ export PYTHONUNBUFFERED=1
 OUT=$(realpath -m "${OUT:-device_out}"); mkdir -p "$OUT"
 # Lay the package out as it installs (kernels/ -> sglang_glm5/kernels, ...) and run from there, so that
 # the repository's own sglang_glm5/ folder does not shadow it.
+REPO=$(pwd)
 PKG=/tmp/pkg; rm -rf "$PKG"; mkdir -p "$PKG"
 cp -r sglang_glm5 tests bench "$PKG/"
 for sub in kernels patches loadtest configs; do cp -r "$sub" "$PKG/sglang_glm5/$sub"; done
@@ -22,7 +23,8 @@ cd "$PKG"
 STEPS=${STEPS:-tests,selfcheck,bench}
 rc=0
 if [[ $STEPS == *tests* ]]; then
-  SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_moe.py tests/test_nvfp4.py tests/test_prefill.py 2>&1 \
+  SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_moe.py tests/test_split_k.py \
+    tests/test_nvfp4.py tests/test_prefill.py 2>&1 \
     | tee "$OUT/pytest_cuda.log" | tail -15 || rc=1
 fi
 if [[ $STEPS == *selfcheck* ]]; then
@@ -42,8 +44,20 @@ if [[ $STEPS == *tune* ]]; then
   cp "${SGLANG_GLM5_CACHE_DIR:-$HOME/.cache/sglang_glm5}"/autotune/*.json "$OUT/" 2>/dev/null
 fi
 if [[ $STEPS == *bench* ]]; then
-  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}" ${BENCH_ARGS:-} 2>&1 \
-    | tee "$OUT/bench.log" || rc=1
+  # Decode at real routing (the default), then the balanced-m table.
+  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}_real" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_real.log" || rc=1
+  python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
+    --name "${BENCH_NAME:-h200_moe_bench}" 2>&1 | tee "$OUT/bench.log" || rc=1
+fi
+if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
+  # The same benches, our op only, on an earlier revision laid out in .base/ (git archive of
+  # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache.
+  BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -m sglang_glm5.bench_real --no-baselines \
+    --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -m sglang_glm5.cli bench --no-baselines \
+    --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
 fi
 if [[ $STEPS == *profile* ]]; then
   # Hardware counters of the two GEMMs at decode size (Firecracker machines; clocks left alone).

@@ -9,18 +9,34 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
-from openai import OpenAI
+try:
+    import openai
+except ImportError:
+    sys.exit("openai_client.py needs the OpenAI SDK: pip install openai")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:30000", help="server URL (http://127.0.0.1:30000)")
     parser.add_argument("--prompt", default="Explain NVFP4 in two sentences.")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens per answer (256)")
     args = parser.parse_args()
-    client = OpenAI(base_url=f"{args.url}/v1", api_key=os.environ.get("SGLANG_GLM5_API_KEY", "none"))
+    client = openai.OpenAI(base_url=f"{args.url}/v1", api_key=os.environ.get("SGLANG_GLM5_API_KEY", "none"))
+    try:
+        talk(client, args)
+    except openai.APIConnectionError as e:
+        print(f"openai_client.py: no server answers at {args.url} ({e}); start one (README: Serving)", file=sys.stderr)
+        return 1
+    except openai.APIStatusError as e:
+        print(f"openai_client.py: the server at {args.url} answered {e.status_code}: {e.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def talk(client, args: argparse.Namespace) -> None:
     model = client.models.list().data[0].id
     messages = [{"role": "user", "content": args.prompt}]
 
@@ -54,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

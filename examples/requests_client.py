@@ -11,16 +11,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-import requests
+try:
+    import requests
+except ImportError:
+    sys.exit("requests_client.py needs requests: pip install requests")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:30000", help="server URL (http://127.0.0.1:30000)")
     parser.add_argument("--prompt", default="Explain NVFP4 in two sentences.")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens per answer, every API (256)")
     args = parser.parse_args()
+    try:
+        talk(args)
+    except requests.ConnectionError as e:
+        print(
+            f"requests_client.py: no server answers at {args.url} ({e}); start one (README: Serving)", file=sys.stderr
+        )
+        return 1
+    except requests.HTTPError as e:
+        print(f"requests_client.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def talk(args: argparse.Namespace) -> None:
     headers = {}
     if key := os.environ.get("SGLANG_GLM5_API_KEY"):
         headers["Authorization"] = f"Bearer {key}"
@@ -57,7 +75,7 @@ def main() -> None:
                 print(f"\n[{chunk['usage']['completion_tokens']} completion tokens]\n")
 
     # SGLang's native API: /generate takes raw text (no chat template) and sampling_params.
-    native = {"text": args.prompt, "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
+    native = {"text": args.prompt, "sampling_params": {"max_new_tokens": args.max_tokens, "temperature": 0}}
     r = requests.post(f"{args.url}/generate", json=native, headers=headers, timeout=600)
     r.raise_for_status()
     out = r.json()
@@ -65,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

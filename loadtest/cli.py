@@ -11,8 +11,10 @@ from sglang_glm5.cli import int_list
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from sglang_glm5.cli import require
     from sglang_glm5.loadtest import runner
 
+    require("locust", "loadtest run (Locust drives the load)", "loadtest")
     return runner.run(args)
 
 
@@ -23,8 +25,10 @@ def _cmd_accuracy(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from sglang_glm5.cli import require
     from sglang_glm5.loadtest import report
 
+    require("matplotlib", "loadtest compare (its plots)", "loadtest")
     return report.compare(args)
 
 
@@ -80,6 +84,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("baseline", help="results folder of the stock server (or a tag under loadtest_results/)")
     c.add_argument("patched", help="results folder of the patched server (or a tag under loadtest_results/)")
     c.add_argument("--out", default=None, help="report folder (default: compare_BASELINE_vs_PATCHED next to PATCHED)")
-    c.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms)")
-    c.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms)")
+    c.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms; default: the runs')")
+    c.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms; default: the runs')")
     c.set_defaults(func=_cmd_compare)

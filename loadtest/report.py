@@ -199,9 +199,31 @@ def plot(rep: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
+def stored_slo(base_dir: Path, patched_dir: Path, ttft_ms: float | None, tpot_ms: float | None) -> metrics.Slo:
+    """The SLOs given, else those ``loadtest run`` stored with the two runs (ValueError when they differ)."""
+    stored = []
+    for folder in (base_dir, patched_dir):
+        try:
+            meta = json.loads((folder / metrics.RUN_FILE).read_text())
+        except (OSError, ValueError):
+            meta = {}
+        stored.append(meta.get("slo") or {})
+    bounds = {}
+    for key, given in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms)):
+        if given is not None:
+            bounds[key] = given
+            continue
+        values = {s.get(key) for s in stored}
+        if len(values) > 1:
+            flag = "--slo-" + key.replace("_", "-")
+            raise ValueError(f"the runs were measured with different {key} SLOs {sorted(values, key=str)}: pass {flag}")
+        bounds[key] = values.pop()
+    return metrics.Slo(**bounds)
+
+
 def compare(args: argparse.Namespace) -> int:
     base_dir, patched_dir = resolve(args.baseline), resolve(args.patched)
-    rep = build(base_dir, patched_dir, metrics.Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+    rep = build(base_dir, patched_dir, stored_slo(base_dir, patched_dir, args.slo_ttft_ms, args.slo_tpot_ms))
     out = Path(args.out) if args.out else patched_dir.parent / f"compare_{base_dir.name}_vs_{patched_dir.name}"
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(rep)

@@ -22,17 +22,20 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sglang_glm5 import env
+from sglang_glm5._proc import python_command
 from sglang_glm5.loadtest import metrics
 from sglang_glm5.loadtest.workload import PromptSource, Workload, request_for
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-API_KEY_ENV = "SGLANG_GLM5_API_KEY"
+API_KEY_ENV = env.API_KEY.name
 
 
 class ServerDown(Exception):
@@ -110,7 +113,7 @@ def canonical_command(args: argparse.Namespace) -> str:
 def locust_command(
     host: str, workload: Workload, model: str, users: int, duration: float, timeout: float, records: Path, salt: str
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", host, "--headless"]
+    cmd = python_command("-m", "locust", "-f", str(LOCUSTFILE), "--host", host, "--headless")
     cmd += ["-u", str(users), "-r", str(users * 20), "-t", f"{duration:g}s", "--stop-timeout", f"{timeout + 5:g}"]
     cmd += ["--exit-code-on-error", "0", "--only-summary", "--lt-mode", workload.mode]
     cmd += ["--lt-input-len", str(workload.input_len), "--lt-output-len", str(workload.output_len)]
@@ -132,9 +135,9 @@ def _count(path: Path) -> tuple[int, int]:
 
 def _run_locust(cmd: list[str], records: Path, log: Path, label: str, duration: float, timeout: float) -> int:
     """One Locust subprocess, with a progress line every 10 s; returns its exit code."""
-    env = dict(os.environ)
+    environ = dict(os.environ)
     with log.open("w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=environ)
         t0 = time.monotonic()
         limit = duration + timeout + 120  # Locust stops itself at duration + stop timeout; this is a backstop
         next_report = 10.0
@@ -173,7 +176,10 @@ def _warmup(host: str, workload: Workload, model: str, n: int, users: int, api_k
 
 def run(args: argparse.Namespace) -> int:
     host = args.host.rstrip("/")
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    parsed = urllib.parse.urlsplit(host)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"--host {args.host}: expected a URL with its scheme, e.g. http://{host}")
+    api_key = args.api_key or env.get(env.API_KEY)
     try:
         check_health(host, api_key)
     except ServerDown as e:
@@ -209,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         "warmup": args.warmup,
         "flush_cache": args.flush_cache,
         "request_timeout_s": args.request_timeout,
+        "slo": metrics.Slo(args.slo_ttft_ms, args.slo_tpot_ms).as_dict(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "client_host": platform.node(),

@@ -8,6 +8,8 @@ SGLang finds ``plugin`` through the ``sglang.srt.plugins`` entry point and calls
 Importing this package changes nothing; ``plugin()`` (or ``apply()``) does, once per process.
 
 - ``SGLANG_GLM5_DISABLE=1``: the plugin does nothing.
+- Every ``SGLANG_GLM5_*`` switch is checked when the plugin loads (``env.problems``): a bad value stops
+  a launcher that asks for ``nvfp4_triton``, and is logged otherwise; an unknown name is logged.
 - ``SGLANG_GLM5_MOE_PATH`` = auto (default) | w4a16 | w4a4: the path the hooked ``apply`` asks the op for
   (``nvfp4_moe.moe_path_from_env``); read and checked when a layer's weights are processed, so a bad
   value, or w4a4 on a GPU that is not SM12x, stops the server at load time.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 
+from sglang_glm5 import env
 from sglang_glm5.patches import guard, stock_configs
 from sglang_glm5.patches.guard import BACKEND_NAME, SUPPORTED_SGLANG_VERSIONS
 from sglang_glm5.patches.hooks import PatchTargetError
@@ -91,9 +94,20 @@ def is_applied() -> bool:
 
 def plugin() -> None:
     """The ``sglang.srt.plugins`` entry point."""
+    errors, warnings = env.problems()
+    for line in warnings:
+        logger.warning("sglang-glm5: %s", line)
     if guard.disabled():
+        for line in errors:
+            logger.error("sglang-glm5: %s", line)
         logger.info("sglang-glm5: %s is set, plugin off", guard.DISABLE_ENV)
         return
+    if errors:
+        # Checked here, at start-up, rather than when the first layer's weights load minutes later.
+        message = "sglang-glm5: " + "; ".join(errors)
+        logger.error(message)
+        if guard.backend_requested():  # SystemExit passes through load_plugins(): the launcher stops here
+            raise SystemExit(f"{message} (fix or unset it; --moe-runner-backend {BACKEND_NAME} reads it)")
     stock_configs.apply()
     version = guard.installed_sglang_version()
     if not guard.version_supported(version):

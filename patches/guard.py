@@ -6,22 +6,27 @@ The SGLang versions the hooks were written and tested against live here and nowh
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import sys
 from collections.abc import Sequence
+
+from sglang_glm5 import env
 
 BACKEND_NAME = "nvfp4_triton"  # the value of --moe-runner-backend that routes NVFP4 MoE layers to our op
 SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
 # What SGLang 0.5.23 pins (torch==2.14.1 brings triton 3.8.0). Others are reported by `doctor`, not refused.
 TESTED_TORCH_VERSIONS: tuple[str, ...] = ("2.14.1",)
 TESTED_TRITON_VERSIONS: tuple[str, ...] = ("3.8.0",)
-DISABLE_ENV = "SGLANG_GLM5_DISABLE"
+DISABLE_ENV = env.DISABLE.name
 BACKEND_FLAGS = ("--moe-runner-backend", "--speculative-moe-runner-backend")
 
 
 def disabled() -> bool:
-    """True when SGLANG_GLM5_DISABLE is set to anything but "", "0", "false" or "no"."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """True when SGLANG_GLM5_DISABLE is on; a value that is neither on nor off also counts as off for the
+    plugin (it stays out of the way), and ``env.problems`` reports it (serve, doctor, the plugin's log)."""
+    try:
+        return bool(env.get(env.DISABLE))
+    except env.EnvError:
+        return True
 
 
 def installed_sglang_version() -> str | None:

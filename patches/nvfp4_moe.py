@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 import torch
 
+from sglang_glm5 import env
 from sglang_glm5.patches import layers
 from sglang_glm5.patches.guard import BACKEND_NAME
 from sglang_glm5.patches.hooks import MethodHook, Symbol
@@ -44,16 +44,14 @@ W13_ORDER_ATTR = "sglang_glm5_w13_order"  # "gate_up" | "up_gate"
 INPUT_SCALES_ATTR = "sglang_glm5_input_scales"  # (w13 [E_local, 2], w2 [E_local]) fp32, for the W4A4 path
 MOE_PATH_ATTR = "sglang_glm5_moe_path"  # "auto" | "w4a16" | "w4a4": the op's path= keyword
 
-MOE_PATH_ENV = "SGLANG_GLM5_MOE_PATH"
+MOE_PATH_ENV = env.MOE_PATH.name
 
 
 def moe_path_from_env() -> str:
     """$SGLANG_GLM5_MOE_PATH: "auto" (default), "w4a16" or "w4a4"; anything else is a ValueError."""
-    from sglang_glm5.w4a4_select import PATHS, min_tokens_from_env
+    from sglang_glm5.w4a4_select import min_tokens_from_env
 
-    value = os.environ.get(MOE_PATH_ENV, "").strip().lower() or "auto"
-    if value not in PATHS:
-        raise ValueError(f"{MOE_PATH_ENV}: expected one of {', '.join(PATHS)}, got {os.environ[MOE_PATH_ENV]!r}")
+    value = env.get(env.MOE_PATH)
     min_tokens_from_env()  # the threshold switches, checked now rather than at the first prefill
     from sglang_glm5.prefill import min_tokens
 

@@ -13,14 +13,20 @@ from __future__ import annotations
 import logging
 import os
 
+from sglang_glm5 import env
+
 ENV = "SGLANG_MOE_CONFIG_DIR"
-SWITCH_ENV = "SGLANG_GLM5_STOCK_CONFIGS"
+SWITCH_ENV = env.STOCK_CONFIGS.name
 
 logger = logging.getLogger("sglang_glm5.patches")
 
 
 def enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """SGLANG_GLM5_STOCK_CONFIGS is on (a value that is neither on nor off: off, reported by env.problems)."""
+    try:
+        return bool(env.get(env.STOCK_CONFIGS))
+    except env.EnvError:
+        return False
 
 
 def detect_arch() -> int | None:

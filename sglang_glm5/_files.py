@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock  # a dependency of torch itself
+
+log = logging.getLogger("sglang_glm5.cache")
 
 
 def read_json(path: Path) -> dict:
@@ -25,13 +29,18 @@ def read_json(path: Path) -> dict:
 def update_json(path: Path, update: Callable[[dict], None]) -> dict:
     """Locked read-modify-write; the new file replaces the old one atomically (temp file + rename).
 
-    A missing or unreadable file starts from an empty object, so a broken file is repaired, not kept.
+    A missing file starts from an empty object. A file that is not a JSON object is never silently
+    replaced: it is renamed to ``NAME.corrupt-<UTC time>`` (logged as a warning), then a new one is written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         try:
             data = read_json(path)
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:
+            data = {}
+        except ValueError as e:
+            kept = keep_aside(path)
+            log.warning("%s; kept it as %s and wrote a new one", e, kept.name)
             data = {}
         update(data)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -46,6 +55,20 @@ def update_json(path: Path, update: Callable[[dict], None]) -> dict:
     return data
 
 
+def keep_aside(path: Path) -> Path:
+    """Rename a broken file to ``NAME.corrupt-<UTC time>`` (a suffix added if that exists); the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    os.replace(path, target)
+    return target
+
+
 def cache_dir() -> Path:
     """$SGLANG_GLM5_CACHE_DIR, default ~/.cache/sglang_glm5."""
-    return Path(os.environ.get("SGLANG_GLM5_CACHE_DIR") or Path.home() / ".cache" / "sglang_glm5")
+    from sglang_glm5.env import cache_dir as from_env
+
+    return from_env()

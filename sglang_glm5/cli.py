@@ -137,7 +137,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
 
-        return w4a4_tune.tune_command(args)
+        return w4a4_tune.tune_command(args)  # it says itself what --target local needs
+    if args.target == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--target local: torch sees no CUDA GPU here; name the target instead (--target rtx-pro-6000 "
+                "tunes offline: AOT-checked picks, not measured)"
+            )
     from pathlib import Path
 
     from sglang_glm5.hardware import resolve
@@ -185,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -282,6 +291,41 @@ def bucket_list(text: str) -> list:
     if not values:
         raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when running from a source checkout)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sglang-glm5")
+    except importlib.metadata.PackageNotFoundError:
+        from sglang_glm5 import __version__
+
+        return __version__
+
+
+def require(module: str, what: str, extra: str) -> None:
+    """ValueError (one line from main) when an optional dependency is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what} needs {module}, which is not installed: pip install 'sglang-glm5[{extra}]'")
+
+
+def positive(kind: type):
+    """argparse type: a finite number of ``kind`` (int or float) above 0."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
 
 
 def int_list(text: str) -> list[int]:

@@ -1,9 +1,10 @@
 """``sglang-glm5 doctor``: what to run on the GPU box before serving. One line per check.
 
-Checks: GPU and target profile, SGLang / torch / Triton versions against the tested ones, the plugin
-found through the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the config
-cache entries for this GPU, and the op against the float64 reference on the GPU. Exit status 1 when
-any check fails. Nothing heavy is imported at module level.
+Checks: where the package is imported from, GPU and target profile, SGLang / torch / Triton versions
+against the tested ones, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin found through
+the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user config
+caches (entries per file, broken files, the W4A4 self-check record), and the op against the float64
+reference on the GPU. Exit status 1 when any check fails. Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import importlib.metadata
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -33,6 +35,31 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def check_package() -> tuple[str, str]:
+    import sglang_glm5
+
+    here = Path(sglang_glm5.__file__).resolve().parent
+    if (here / "kernels").is_dir():
+        kind = "installed"
+    elif (here.parent / "pyproject.toml").is_file():
+        kind = "source checkout: an editable install, or Python started in the repository root"
+    else:
+        return FAIL, f"package: {here} has no kernels/ subpackage (reinstall: pip install sglang-glm5)"
+    return OK, f"package: sglang-glm5 {_version('sglang-glm5') or sglang_glm5.__version__} from {here} ({kind})"
+
+
+def check_env() -> list[tuple[str, str]]:
+    from sglang_glm5 import env
+
+    errors, warnings = env.problems()
+    lines = [(FAIL, f"env: {e}") for e in errors] + [(WARN, f"env: {w}") for w in warnings]
+    shown = [f"{n}=<set>" if env.BY_NAME[n].secret else f"{n}={os.environ[n]}" for n in sorted(os.environ)
+             if n in env.BY_NAME]  # fmt: skip
+    if not lines:
+        lines.append((OK, "env: " + (", ".join(shown) if shown else "no SGLANG_GLM5_* switch set (defaults)")))
+    return lines
 
 
 def check_gpu(no_gpu: bool) -> tuple[str, str]:
@@ -85,7 +112,8 @@ def check_plugin() -> list[tuple[str, str]]:
     if allowed and eps[0].name not in {x.strip() for x in allowed.split(",")}:
         lines.append((FAIL, f"plugin: SGLANG_PLUGINS={allowed!r} leaves out {eps[0].name}"))
     if guard.disabled():
-        lines.append((WARN, f"plugin: {guard.DISABLE_ENV} is set, the plugin stays off"))
+        lines.append((WARN, f"plugin: {guard.DISABLE_ENV} turns the plugin off: SGLang runs stock, and "
+                      f"--moe-runner-backend {guard.BACKEND_NAME} is not available"))  # fmt: skip
     if guard.version_supported(guard.installed_sglang_version()):
         from sglang_glm5 import patches
 
@@ -97,14 +125,33 @@ def check_plugin() -> list[tuple[str, str]]:
     return lines
 
 
-def check_cache() -> tuple[str, str]:
+def check_cache() -> list[tuple[str, str]]:
     """The autotune entries this GPU reads, through the op's own lookup (``autotune.ConfigCache``: the user's
     files over the shipped ones, found through importlib.resources); without a GPU, what the user's and the
-    shipped cache files hold, counted by owner (a device, or an architecture and its shared memory)."""
+    shipped cache files hold, counted by owner (a device, or an architecture and its shared memory). Files
+    that cannot be read and a broken W4A4 self-check record are warnings."""
     import torch
 
     from sglang_glm5 import autotune, hardware
+    from sglang_glm5.w4a4_select import record_problems
 
+    lines = []
+    counts = []
+    for name, folder in (("user", autotune.user_dir()), ("shipped", autotune.shipped_dir())):
+        owners: dict[str, int] = {}
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        for path in files:
+            data = autotune.read_cache_file(path)
+            if data is None:
+                lines.append((WARN, f"cache: {path} cannot be read (skipped by lookups; `tune` keeps it aside)"))
+                continue
+            raw = data.get("entries")
+            for key in raw if isinstance(raw, dict) else ():
+                owner = "|".join(key.split("|")[:2])
+                owners[owner] = owners.get(owner, 0) + 1
+        detail = ", ".join(f"{o}: {n}" for o, n in sorted(owners.items()))
+        counts.append((name, len(files), sum(owners.values()), detail, folder))
+    lines += [(WARN, f"cache: {p}") for p in record_problems()]
     where = f"{autotune.user_dir()} and {autotune.shipped_dir()}"
     if torch.cuda.is_available():
         target = hardware.detect()
@@ -113,25 +160,17 @@ def check_cache() -> tuple[str, str]:
         unmeasured = len(entries) - measured
         text = (f"cache: {len(entries)} entries for {target.name} ({measured} measured on it, {unmeasured} unmeasured "
                 f"for {target.sm} with {target.shared_per_block} B) under {where}")  # fmt: skip
-        return (OK, text) if entries else (WARN, text + " (heuristic configs)")
-    counts = []
-    for name, folder in (("user", autotune.user_dir()), ("shipped", autotune.shipped_dir())):
-        owners: dict[str, int] = {}
-        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        for path in files:
-            data = autotune.read_cache_file(path) or {}
-            raw = data.get("entries")
-            for key in raw if isinstance(raw, dict) else ():
-                owner = "|".join(key.split("|")[:2])
-                owners[owner] = owners.get(owner, 0) + 1
-        detail = ", ".join(f"{o}: {n}" for o, n in sorted(owners.items()))
-        counts.append((name, len(files), sum(owners.values()), detail, folder))
+        missing = " (heuristic tiles: `sglang-glm5 tune --target local`)"
+        lines.insert(0, (OK, text) if entries else (WARN, text + missing))
+        return lines
     text = "cache: no GPU to match; " + "; ".join(
         f"{name} {files} file(s), {entries} entries{f' ({detail})' if detail else ''} under {folder}"
         for name, files, entries, detail, folder in counts
     )
     shipped_entries = counts[1][2]
-    return (OK, text) if shipped_entries else (WARN, text + " (no shipped caches found: the package is incomplete)")
+    missing = " (no shipped caches found: reinstall the package)"
+    lines.insert(0, (OK, text) if shipped_entries else (FAIL, text + missing))
+    return lines
 
 
 def check_op(no_gpu: bool) -> tuple[str, str]:
@@ -158,10 +197,12 @@ def check_op(no_gpu: bool) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     checks: list[Callable[[], list[tuple[str, str]]]] = [
+        lambda: [check_package()],
         lambda: [check_gpu(args.no_gpu)],
         check_versions,
+        check_env,
         check_plugin,
-        lambda: [check_cache()],
+        check_cache,
         lambda: [check_op(args.no_gpu)],
     ]
     failures = 0

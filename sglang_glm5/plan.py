@@ -500,6 +500,8 @@ def format_flags(plan: Plan) -> str:
 
 
 def add_cli(subparsers) -> None:
+    from sglang_glm5.cli import positive
+
     p = subparsers.add_parser(
         "plan",
         help="weights and KV cache per GPU under a launch profile; refuses a plan that does not fit",
@@ -509,8 +511,12 @@ def add_cli(subparsers) -> None:
     )
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
     p.add_argument("--model-config", default=None, help="config.json or a model folder (default: GLM-5's shipped)")
-    p.add_argument("--context", type=int, default=None, help="longest request in tokens (default: the profile's)")
-    p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU (default: the profile's GPU)")
+    p.add_argument(
+        "--context", type=positive(int), default=None, help="longest request in tokens (default: the profile's)"
+    )
+    p.add_argument(
+        "--gpu-memory-gib", type=positive(float), default=None, help="memory per GPU (default: the profile's GPU)"
+    )
     p.add_argument("--mtp", action="store_true", help="with the profile's [mtp] flags: the MTP layer as a NEXTN draft")
     p.set_defaults(func=run)
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from sglang_glm5 import hardware
-from sglang_glm5.shapes import tokens_per_expert_from_env
+from sglang_glm5 import env, hardware
 
-ENV_MIN_TOKENS = "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS"
+ENV_MIN_TOKENS = env.DENSE_PREFILL_MIN_TOKENS.name
 # Tokens per expert from which this path beats the W4A16 kernels on an H200 (bench/README.md).
-DEFAULT_MIN_TOKENS = 256
+DEFAULT_MIN_TOKENS = int(env.DENSE_PREFILL_MIN_TOKENS.default)
 
 
 def available(device: torch.device) -> bool:
@@ -39,8 +38,7 @@ def available(device: torch.device) -> bool:
 def min_tokens() -> float:
     """The switch-over point in tokens per expert; ``SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS`` overrides it
     (0 = always, a huge value = never)."""
-    value = tokens_per_expert_from_env(ENV_MIN_TOKENS, allow_inf=True)
-    return DEFAULT_MIN_TOKENS if value is None else value
+    return env.get(env.DENSE_PREFILL_MIN_TOKENS)
 
 
 def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,12 +8,21 @@ environment. Extra SGLang arguments after ``--`` are checked against the profile
 - the model path, host, port, node rank and rendezvous address belong to serve's own options;
 - flags the plan reads (attn-dp, KV dtype, memory fraction, batch limits, MoE backend, context) replace
   the profile's value and the plan is redone with them, so an override that does not fit is refused;
-- any other flag replaces the profile's value or is passed through; SGLang checks it at start.
+- any other flag replaces the profile's value or is passed through;
+- flags are spelled out: an abbreviation (``--tp`` for ``--tp-size``, which SGLang's argparse would accept)
+  is refused, and with SGLang installed the final command is parsed by SGLang's own parser before anything
+  starts, so an unknown or ambiguous flag, or a value SGLang refuses, fails here (``--dry-run`` too).
+
+The ``SGLANG_GLM5_*`` switches are checked first (``sglang_glm5.env``): a bad value is refused before SGLang
+starts, an unknown name is a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import errno
+import functools
 import importlib.util
 import os
 import re
@@ -23,11 +32,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_glm5 import env as switches
+from sglang_glm5._proc import python_command
 from sglang_glm5.patches import guard
 from sglang_glm5.plan import PlanError, format_plan, load_model_config, make_plan
 from sglang_glm5.profiles import DEFAULT_PROFILE, Flag, Profile, load_profile
 
-API_KEY_ENV = "SGLANG_GLM5_API_KEY"
+API_KEY_ENV = switches.API_KEY.name
 PLUGIN_NAME = "sglang_glm5"  # the entry point's name in the sglang.srt.plugins group
 LAUNCHER = ("-m", "sglang.launch_server")
 
@@ -65,12 +76,18 @@ class Extra:
         return self.values[0] if self.values else None
 
 
-def parse_extras(tokens: list[str]) -> list[Extra]:
-    """Group ``--flag value...`` / ``--flag=value`` tokens; values are the tokens up to the next ``--flag``."""
+def parse_extras(tokens: list[str], known: set[str] | None = None) -> list[Extra]:
+    """Group ``--flag value...`` / ``--flag=value`` tokens; values are the tokens up to the next ``--flag``.
+
+    ``known``: every flag name (without dashes) the launcher accepts, when SGLang is installed; else the
+    names serve knows of. A flag that is not one of them but abbreviates one is a ValueError (argparse would
+    read ``--tp`` as ``--tp-size``); with SGLang's list, an unknown flag is one too."""
+    names = known if known is not None else _names_serve_knows()
     extras: list[Extra] = []
     for token in tokens:
         if token.startswith("--") and len(token) > 2:
             flag, eq, value = token[2:].partition("=")
+            _check_spelling(token, flag, names, complete=known is not None)
             extras.append(Extra([token], ALIASES.get(flag, flag), [value] if eq else []))
         elif extras and extras[-1].name is not None:
             extras[-1].tokens.append(token)
@@ -78,6 +95,73 @@ def parse_extras(tokens: list[str]) -> list[Extra]:
         else:
             extras.append(Extra([token]))
     return extras
+
+
+def _names_serve_knows() -> set[str]:
+    return {*ALIASES, *ALIASES.values(), *LOCKED, *SERVE_OPTIONS, *PLANNED, "api-key", "enable-dp-attention"}
+
+
+def _check_spelling(token: str, flag: str, names: set[str], *, complete: bool) -> None:
+    if flag in names:
+        return
+    longer = sorted(n for n in names if n.startswith(flag))
+    if longer:
+        what = (
+            f"an abbreviation of --{longer[0]}"
+            if len(longer) == 1
+            else "ambiguous: " + ", ".join(f"--{n}" for n in longer[:6])
+        )
+        raise ValueError(f"{token} (after --) is {what}; spell SGLang flags out in full")
+    if complete:
+        close = difflib.get_close_matches(flag, names, n=1)
+        hint = f"; did you mean --{close[0]}?" if close else ""
+        raise ValueError(f"{token} (after --) is not a flag of SGLang's launcher{hint}")
+
+
+def sglang_flag_names() -> set[str] | None:
+    """Every flag name (without dashes) SGLang's launcher accepts; None when SGLang is not installed."""
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    return set(_sglang_flag_names())
+
+
+@functools.cache
+def _sglang_flag_names() -> frozenset[str]:
+    actions = _sglang_parser()._actions
+    return frozenset(opt[2:] for action in actions for opt in action.option_strings if opt.startswith("--"))
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit 2; serve reports one line
+        raise ValueError(message)
+
+
+def _sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's own ``ServerArgs`` parser, as ``prepare_server_args`` builds it."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _RaisingParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def check_with_sglang(argv: list[str], backend: str) -> None:
+    """Parse SGLang's arguments with SGLang's own parser (plugin's backend choice registered for the
+    call); ValueError with argparse's message when it refuses them."""
+    from sglang.srt.arg_groups import choices
+
+    from sglang_glm5.patches import backend as plugin_backend
+
+    registered = guard.BACKEND_NAME in choices.MOE_RUNNER_BACKEND_CHOICES
+    if backend == guard.BACKEND_NAME and not registered:
+        plugin_backend.register()
+    try:
+        _sglang_parser().parse_args(argv)
+    except ValueError as e:
+        raise ValueError(f"SGLang's parser refuses the command: {e}") from None
+    finally:
+        if backend == guard.BACKEND_NAME and not registered:
+            plugin_backend.unregister()
 
 
 @dataclass
@@ -128,12 +212,21 @@ def _check_model(path: str) -> tuple[str | None, list[str]]:
 
 
 def _check_port(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: not an address or a name this machine can resolve ({e.strerror})") from None
+    family, _, _, _, address = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own bind: TIME_WAIT is no conflict
         try:
-            s.bind((host, port))
+            s.bind(address)
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(
+                    f"--host {host}: not an address of this machine ({e.strerror}); use one of its own addresses, "
+                    "127.0.0.1 or 0.0.0.0"
+                ) from None
             raise ValueError(f"--port {port} on {host} is not free ({e.strerror}); choose another --port") from None
 
 
@@ -158,10 +251,14 @@ def _environment(backend: str, profile: Profile) -> tuple[dict[str, str], dict[s
 
 def build(args: argparse.Namespace) -> tuple[Launch, object]:
     """The SGLang command and environment for ``args`` (serve's options), and the plan behind them."""
+    errors, _ = switches.problems()
+    if errors:  # before anything else: what the plugin would stop at in every worker
+        raise ValueError("; ".join(errors))
     profile = load_profile(args.profile)
     if getattr(args, "mtp", False):
         profile = profile.with_mtp()
-    extras = parse_extras(list(args.extra))
+    sglang_flags = sglang_flag_names()
+    extras = parse_extras(list(args.extra), sglang_flags)
     _check_extras(profile, extras, args)
     config_path, notes = _check_model(args.model)
     model, model_name = load_model_config(config_path)
@@ -184,7 +281,7 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
             raise ValueError(f"--context-length {planned['context-length']}: expected a number of tokens")
     plan = make_plan(profile, model, model_name=model_name, context=context, overrides=planned)
     api_key = (
-        args.api_key or next((e.value for e in extras if e.name == "api-key"), None) or os.environ.get(API_KEY_ENV)
+        args.api_key or next((e.value for e in extras if e.name == "api-key"), None) or switches.get(switches.API_KEY)
     )
     if node_rank == 0:
         _check_port(args.host, args.port)
@@ -209,8 +306,13 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
         if extra.name != "api-key":
             flags += extra.tokens
     backend = str(planned.get("moe-runner-backend", profile.get("moe-runner-backend", "auto")))
-    env, changes = _environment(backend, profile)
-    return Launch([sys.executable, *LAUNCHER, *flags], env, changes, notes), plan
+    environ, changes = _environment(backend, profile)
+    notes += switches.problems(environ)[1]
+    if sglang_flags is None:
+        notes.append("SGLang is not installed here: the flags were not checked against its parser")
+    else:
+        check_with_sglang(flags, backend)
+    return Launch(python_command(*LAUNCHER, *flags), environ, changes, notes), plan
 
 
 def shown_command(launch: Launch) -> str:
@@ -236,7 +338,11 @@ def add_cli(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=30000, help="HTTP port (default 30000)")
     p.add_argument("--api-key", default=None, help=f"required from clients (default: ${API_KEY_ENV} if set)")
-    p.add_argument("--context", type=int, default=None, help="longest request in tokens (default: the profile's)")
+    from sglang_glm5.cli import positive
+
+    p.add_argument(
+        "--context", type=positive(int), default=None, help="longest request in tokens (default: the profile's)"
+    )
     p.add_argument("--nnodes", type=int, default=None, help="nodes (multi-node profiles; default: the profile's)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0 on the node that serves HTTP")
     p.add_argument("--dist-init-addr", default=None, help="node 0's HOST:PORT for the multi-node rendezvous")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -52,13 +51,6 @@ def parse_shape(text: str) -> MoeShape:
 def tokens_per_expert_from_env(name: str, *, allow_inf: bool) -> float | None:
     """Environment variable ``name`` as a number of tokens per expert (>= 0; infinity only where
     ``allow_inf``), None when unset or empty. Anything else is a ValueError naming the variable."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0 or (math.isinf(value) and not allow_inf):  # not >= 0 also rejects nan
-        raise ValueError(f"{name}: expected a number of tokens per expert >= 0, got {text!r}")
-    return value
+    from sglang_glm5.env import parse_tokens
+
+    return parse_tokens(name, os.environ.get(name, ""), allow_inf=allow_inf)

@@ -44,9 +44,11 @@ KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_war
 META_FILE = "sglang_glm5_meta.json"
 
 
-def default_dir() -> Path:
-    """The shipped folder: the value the plugin gives SGLANG_MOE_CONFIG_DIR."""
-    return Path(__file__).resolve().parent.parent / "configs" / "sglang_moe"
+def user_dir() -> Path:
+    """Where ``stock-configs`` writes without ``--out``: the user cache, never the installed package."""
+    from sglang_glm5.env import cache_dir
+
+    return cache_dir() / "sglang_moe"
 
 
 def shipped_dir() -> Path:
@@ -99,12 +101,13 @@ def compiled_shared(items: list[tuple[str | None, dict[str, int]]]) -> list[int]
     """Shared memory on sm_120 of SGLang's fused_moe_kernel for each (dtype, config): one worker process."""
     import os
     import subprocess
-    import sys
+
+    from sglang_glm5._proc import python_command
 
     payload = json.dumps([[d, c] for d, c in items])
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_glm5.stock_configs"], input=payload, capture_output=True, text=True, env=env
+        python_command("-m", "sglang_glm5.stock_configs"), input=payload, capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
@@ -232,9 +235,13 @@ replaces SGLang's own config folder, whose tuned files for other models would th
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else default_dir()
+    from sglang_glm5.cli import require
+
+    require("sglang", "stock-configs (it compiles SGLang's own fused_moe_kernel)", "sglang")
+    out = Path(args.out) if args.out else user_dir()
     written = generate(out)
     print(f"stock-configs: wrote {len(written)} config files (sm_120, <= {LIMIT} B shared, unmeasured) under {out}")
+    print(f"stock-configs: SGLang reads them with SGLANG_MOE_CONFIG_DIR={out}")
     return 0
 
 
@@ -245,9 +252,13 @@ def add_cli(subparsers) -> None:
         description="For GLM-5's MoE under TP8 and EP8 (with and without a fused shared expert), bf16 and fp8_w8a8 "
         "with block_shape [128, 128], writes SGLang-named config files under OUT/configs/triton_X_Y_Z/. Each "
         "config is compiled ahead of time for sm_120 (no GPU needed) and kept only within 101376 B of shared "
-        "memory; picks are heuristic, not measured. Default OUT: the folder shipped in the package.",
+        "memory; picks are heuristic, not measured. Needs SGLang installed. Default OUT: "
+        "$SGLANG_GLM5_CACHE_DIR/sglang_moe (the package ships the same files, which the plugin uses under "
+        "SGLANG_GLM5_STOCK_CONFIGS=1).",
     )
-    p.add_argument("--out", default=None, help="folder to use as SGLANG_MOE_CONFIG_DIR (default: the shipped one)")
+    p.add_argument(
+        "--out", default=None, help="folder for SGLANG_MOE_CONFIG_DIR (default: $SGLANG_GLM5_CACHE_DIR/sglang_moe)"
+    )
     p.set_defaults(func=_cmd)
 
 

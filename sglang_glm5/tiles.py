@@ -218,7 +218,8 @@ def _compile_in_worker(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool =
     import json
     import os
     import subprocess
-    import sys
+
+    from sglang_glm5._proc import python_command
 
     workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
     chunks = [jobs[i::workers] for i in range(workers)]
@@ -227,7 +228,7 @@ def _compile_in_worker(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool =
     for chunk in chunks:
         payload = json.dumps({"asm": want_asm, "jobs": [(k, c.as_dict(), a) for k, c, a in chunk]})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_glm5.tiles"],
+            python_command("-m", "sglang_glm5.tiles"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         procs.append((proc, payload, chunk))

@@ -217,13 +217,15 @@ def aot_compile(jobs: list[tuple[str, GemmConfig, int]]) -> list[AotResult | str
     import os
     import subprocess
 
+    from sglang_glm5._proc import python_command
+
     workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     procs = []
     for w in range(workers):
         payload = json.dumps([(k, c.as_dict(), a) for k, c, a in jobs[w::workers]])
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_glm5.w4a4"],
+            python_command("-m", "sglang_glm5.w4a4"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         procs.append((proc, payload))

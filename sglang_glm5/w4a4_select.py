@@ -41,15 +41,14 @@ from pathlib import Path
 
 import torch
 
-from sglang_glm5 import hardware
+from sglang_glm5 import env, hardware
 from sglang_glm5._files import cache_dir, read_json, update_json
-from sglang_glm5.shapes import tokens_per_expert_from_env
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 log = logging.getLogger("sglang_glm5.w4a4")
 
 PATHS = ("auto", "w4a16", "w4a4")
-MIN_TOKENS_ENV = "SGLANG_GLM5_W4A4_MIN_TOKENS"
+MIN_TOKENS_ENV = env.W4A4_MIN_TOKENS.name
 RECORD_FILE = "w4a4_selfcheck.json"
 # The sources a W4A4 call runs: its kernels and host code, and the routing sort, top-k sum and input
 # validation it shares with the W4A16 op. A record proves these bytes only.
@@ -207,6 +206,28 @@ def read_record(gpu: GpuIdentity, shape) -> Record | None:
     return parsed if parsed.shape == _shape_tuple(shape) else None
 
 
+def record_problems() -> list[str]:
+    """What is wrong with the record file (``doctor``): not JSON, or records that ``read_record`` would skip
+    as malformed; empty when it is fine or absent."""
+    path = record_path()
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        return [f"{e}; every W4A4 self-check pass in it is ignored"]
+    problems = []
+    for key, rec in data.items():
+        try:
+            if not isinstance(rec, dict):
+                raise TypeError(f"expected an object, got {type(rec).__name__}")
+            if rec.get("passed") is True:
+                _parse_record(rec)
+        except (TypeError, KeyError, ValueError) as e:
+            problems.append(f"{path}: record {key!r} is malformed and ignored ({type(e).__name__}: {e})")
+    return problems
+
+
 def write_record(
     gpu: GpuIdentity,
     shape,
@@ -266,7 +287,7 @@ def write_record(
 
 def min_tokens_from_env() -> float | None:
     """$SGLANG_GLM5_W4A4_MIN_TOKENS as a number of tokens per expert, None when unset."""
-    return tokens_per_expert_from_env(MIN_TOKENS_ENV, allow_inf=False)
+    return env.get(env.W4A4_MIN_TOKENS)
 
 
 def _shape_tuple(shape) -> tuple[int, int, int]:

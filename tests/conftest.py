@@ -1,24 +1,40 @@
-"""Kernels run on the CPU through the Triton interpreter unless a GPU is there (SGLANG_GLM5_TEST_DEVICE)."""
+"""Kernels run on the CPU through the Triton interpreter unless a GPU is there (SGLANG_GLM5_TEST_DEVICE).
+
+Every test runs with a temporary ``SGLANG_GLM5_CACHE_DIR`` (one per session, so ahead-of-time compiles are
+memoized across tests; removed at the end): the suite never writes to the user's ``~/.cache/sglang_glm5``.
+Tests that need an empty cache set their own.
+"""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
+from sglang_glm5 import env
+
 # Set before any module decorates a kernel: triton.jit reads it at decoration time.
-if os.environ.get("SGLANG_GLM5_TEST_DEVICE", "cpu") == "cpu":
+if env.get(env.TEST_DEVICE) == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
+
+_SESSION_CACHE = tempfile.mkdtemp(prefix="sglang_glm5_test_cache_")
+os.environ[env.CACHE_DIR.name] = _SESSION_CACHE  # subprocesses the tests start inherit it
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
 def device() -> torch.device:
-    return torch.device(os.environ.get("SGLANG_GLM5_TEST_DEVICE", "cpu"))
+    return torch.device(env.get(env.TEST_DEVICE))
 
 
 @pytest.fixture
 def gen(request) -> torch.Generator:
     """A generator with a fresh seed, printed so that a failure can be replayed (SGLANG_GLM5_SEED)."""
-    seed = int(os.environ.get("SGLANG_GLM5_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    seed = env.get(env.SEED) or int.from_bytes(os.urandom(4), "little")
     print(f"{request.node.name}: seed {seed}")
     g = torch.Generator()
     g.manual_seed(seed)

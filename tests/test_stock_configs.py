@@ -11,7 +11,7 @@ import pytest
 from sglang_glm5 import stock_configs as sc
 from sglang_glm5.patches import stock_configs as plug
 
-SHIPPED = sc.default_dir()
+SHIPPED = sc.shipped_dir()
 FILES = sorted(SHIPPED.glob("configs/triton_*/*.json"))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,7 +225,7 @@ def test_kernel_digest_covers_the_shared_sort_and_sum_kernels_and_the_op(monkeyp
     find_spec = importlib.util.find_spec
     for module in ("sglang_glm5.moe", "sglang_glm5.kernels.nvfp4_moe"):
         edited = tmp_path / f"{module}.py"
-        edited.write_bytes(open(find_spec(module).origin, "rb").read() + b"\n# edited\n")
+        edited.write_bytes(Path(find_spec(module).origin).read_bytes() + b"\n# edited\n")
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a, m=module, e=edited: SimpleNamespace(origin=str(e)) if name == m
                             else find_spec(name, *a))  # fmt: skip
