@@ -54,9 +54,10 @@ if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
   # The same benches, our op only, on an earlier revision laid out in .base/ (git archive of
   # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache.
   BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
-  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -m sglang_glm5.bench_real --no-baselines \
-    --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
-  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -m sglang_glm5.cli bench --no-baselines \
+  # -P: the current directory ($PKG, which holds this revision's sglang_glm5/) stays off sys.path.
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.bench_real --no-baselines \
+    --skew ${BASE_SKEW:-0} --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.cli bench --no-baselines \
     --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
 fi
 if [[ $STEPS == *profile* ]]; then
