@@ -48,14 +48,14 @@ def _free_port() -> int:
 
 
 def _dry_run(capsys, model_dir: Path, *args: str) -> tuple[list[str], str]:
-    """serve --dry-run; (SGLang's argv after ``python -m sglang.launch_server``, the environment prefix shown)."""
+    """serve --dry-run; (SGLang's argv after ``python -P -m sglang.launch_server``, the environment prefix shown)."""
     rc = cli.main(["serve", "--model", str(model_dir), "--port", str(_free_port()), "--dry-run", *args])
     out = capsys.readouterr().out
     assert rc == 0, out
     shown = shlex.split(out.strip().splitlines()[-1])
     at = shown.index("python")
-    assert shown[at : at + 3] == ["python", "-m", "sglang.launch_server"], shown
-    return shown[at + 3 :], " ".join(shown[:at])
+    assert shown[at : at + 4] == ["python", "-P", "-m", "sglang.launch_server"], shown
+    return shown[at + 4 :], " ".join(shown[:at])
 
 
 @pytest.fixture(scope="module")
