@@ -52,7 +52,9 @@ def sm_count(device_index: int | None) -> int:
     """SMs of a CUDA device; 8 for the interpreter (a small GPU, so that tests exercise split-K)."""
     if device_index is None:
         return 8
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    from sglang_glm5.hardware import detect
+
+    return detect(device_index).sm_count
 
 
 def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, block_m: int) -> float:
