@@ -313,6 +313,17 @@ def require(module: str, what: str, extra: str) -> None:
         raise ValueError(f"{what} needs {module}, which is not installed: pip install 'sglang-glm5[{extra}]'")
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
+    return port
+
+
 def positive(kind: type):
     """argparse type: a finite number of ``kind`` (int or float) above 0."""
 

@@ -102,17 +102,9 @@ def shown_command(launch: RouterLaunch) -> str:
     return shlex.join(argv)
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
-    return port
-
-
 def add_cli(subparsers) -> None:
+    from sglang_glm5.cli import port_number
+
     p = subparsers.add_parser(
         "router",
         help="SGLang's router (smg) in front of SGLang servers, cache-aware (--dry-run: print the command)",
@@ -124,8 +116,10 @@ def add_cli(subparsers) -> None:
         "--worker-urls", nargs="+", required=True, metavar="URL", help="the SGLang servers: http://HOST:PORT"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"the router's HTTP port (default {DEFAULT_PORT})")
-    p.add_argument("--metrics-port", type=_port, default=29000, help="Prometheus metrics port (default 29000)")
+    p.add_argument(
+        "--port", type=port_number, default=DEFAULT_PORT, help=f"the router's HTTP port (default {DEFAULT_PORT})"
+    )
+    p.add_argument("--metrics-port", type=port_number, default=29000, help="Prometheus metrics port (default 29000)")
     p.add_argument("--policy", choices=POLICIES, default="cache_aware",
                    help="cache_aware (default): the worker holding the longest prefix of the prompt, unless loads "
                    "drift apart; round_robin, power_of_two, ... as smg documents them")  # fmt: skip

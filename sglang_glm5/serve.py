@@ -326,6 +326,8 @@ def shown_command(launch: Launch) -> str:
 
 
 def add_cli(subparsers) -> None:
+    from sglang_glm5.cli import port_number, positive
+
     p = subparsers.add_parser(
         "serve",
         help="start SGLang with a launch profile (--dry-run: print the command)",
@@ -336,9 +338,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--model", required=True, help="model folder (with config.json) or a Hugging Face repo id")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_port, default=30000, help="HTTP port (default 30000)")
+    p.add_argument("--port", type=port_number, default=30000, help="HTTP port (default 30000)")
     p.add_argument("--api-key", default=None, help=f"required from clients (default: ${API_KEY_ENV} if set)")
-    from sglang_glm5.cli import positive
 
     p.add_argument(
         "--context", type=positive(int), default=None, help="longest request in tokens (default: the profile's)"
@@ -350,16 +351,6 @@ def add_cli(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
     p.add_argument("extra", nargs="*", help="extra SGLang arguments, after --")
     p.set_defaults(func=run)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 1..65535, got {text!r}")
-    return port
 
 
 def run(args: argparse.Namespace) -> int:
