@@ -38,22 +38,22 @@ def candidates(m: int) -> list[GemmConfig]:
 
 def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     """Median ms of each stage of the op with one config: routing sort, gemm1, gemm2, top-k sum."""
-    from sglang_glm5 import moe
+    from sglang_glm5 import moe, routing
 
     x, w13, s13, g13, w2, s2, g2, weights, ids = args
     inter = shape.inter
     num_pairs = ids.numel()
-    route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
-    xp = moe.prepare_activations(x)
+    route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
+    xp = routing.prepare_activations(x)
     h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_pairs, shape.hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     stages = {
         "align": partial(moe.align_pairs_by_expert, ids, shape.num_experts, cfg.block_m),
-        "prepare": partial(moe.prepare_activations, x),
+        "prepare": partial(routing.prepare_activations, x),
         "gemm1": partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
         "gemm2": partial(moe.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
-        "sum": partial(moe.sum_over_slots, y, ids, out, shape.num_experts, False),
+        "sum": partial(routing.sum_over_slots, y, ids, out, shape.num_experts, False),
     }  # fmt: skip
     return {name: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") for name, fn in stages.items()}
 

@@ -219,9 +219,30 @@ def tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def prepare_activations_kernel(
+def permute_activation_tile(
     x_ptr,  # [T, K] bf16/fp16
     xp_ptr,  # [T, K] out, dtype of x: each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
+    num_rows,
+    K,
+    stride_xt,
+    stride_pt,
+    tile,  # which [BLOCK_T, BLOCK_K] tile, row-major over the tiles of x
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    rows = (tile // k_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = (tile % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
+    x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
+    tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
+
+
+@triton.jit
+def prepare_activations_kernel(
+    x_ptr,  # [T, K] bf16/fp16
+    xp_ptr,  # [T, K] out, the permuted K order (permute_activation_tile)
     num_rows,
     K,
     stride_xt,
@@ -229,12 +250,7 @@ def prepare_activations_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
-    x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
-    tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
+    permute_activation_tile(x_ptr, xp_ptr, num_rows, K, stride_xt, stride_pt, tl.program_id(0), BLOCK_T, BLOCK_K)
 
 
 @triton.jit
@@ -548,21 +564,43 @@ def moe_align_kernel(
     block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
     used_blocks_ptr,  # [1] int32 out: blocks 0 .. used - 1 hold pairs
     zero_ptr,  # [num_zero] int32 out: set to 0 (the split-K counters of the GEMMs that follow)
+    x_ptr,  # [T, H] activations to lay out for the GEMMs (PERMUTE), else unused
+    xp_ptr,  # [T, H] out: x in the permuted K order (PERMUTE)
     num_pairs,
     num_experts,
     num_blocks,
     num_zero,
+    num_rows,  # T (PERMUTE)
+    x_cols,  # H (PERMUTE)
+    stride_xt,
+    stride_pt,
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,  # power of two >= num_experts
     BLOCK: tl.constexpr,
+    PERMUTE: tl.constexpr,  # programs past E also write x in the GEMMs' K order (prepare_activations_kernel)
+    PERMUTE_T: tl.constexpr,
+    PERMUTE_K: tl.constexpr,
 ):
-    """One launch, E + 1 programs. Each counts the pairs of every expert (a histogram of the ids);
-    program e < E then writes expert e's pairs (in pair order), its padding and its block experts;
-    program E marks the unused tail blocks and writes the number of used blocks. All of them share
-    zeroing ``zero_ptr``."""
+    """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
+    first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
+    expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
+    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``."""
     e = tl.program_id(0)
-    programs = tl.num_programs(0)
-    for start in range(e * BLOCK, num_zero, programs * BLOCK):
+    if PERMUTE and e > num_experts:
+        tile = e - num_experts - 1
+        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K)
+    else:
+        _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
+                       num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _route_program(
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
+    num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
+    for start in range(e * BLOCK, num_zero, (num_experts + 1) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)

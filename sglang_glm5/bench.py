@@ -230,7 +230,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
     """
     import triton.testing
 
-    from sglang_glm5 import bench_real, moe
+    from sglang_glm5 import bench_real, moe, routing
     from sglang_glm5.tiles import MoeConfig
 
     gen = torch.Generator(device="cuda")
@@ -251,7 +251,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
                     weights, ids, tokens = balanced_routing(shape, max(int(bucket), shape.top_k), gen)
                 x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
                 h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
-                calls.append((moe.prepare_activations(x), moe.prepare_activations(h), weights, ids))
+                calls.append((routing.prepare_activations(x), routing.prepare_activations(h), weights, ids))
             inputs[bucket] = calls
         return inputs[bucket]
 
@@ -262,7 +262,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
             plan = moe.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
                                   shape.hidden, shape.inter, sms)  # fmt: skip
             counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device="cuda")  # kept zero by gemm1
-            route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
+            route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
             if kernel == "gemm1":
                 out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
                 launches.append(partial(

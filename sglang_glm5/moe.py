@@ -8,7 +8,7 @@
 - dense prefill on sm_90 / sm_100 from ``prefill.min_tokens()`` tokens per expert
   (``sglang_glm5.prefill``: weights dequantized once to bf16, torch grouped GEMMs);
 - otherwise the W4A16 kernels: sort the (token, slot) pairs by expert, write the activations in the
-  kernels' K order (``prepare_activations``), gemm1 (gate/up with fused SiLU * up), gemm2 (down
+  kernels' K order (written by the routing launch), gemm1 (gate/up with fused SiLU * up), gemm2 (down
   projection times the routing weight) and a deterministic sum over the k slots.
 
 The torch reference with the same signature is ``sglang_glm5.reference.nvfp4_fused_moe_reference``.
@@ -31,7 +31,6 @@ from sglang_glm5.routing import (
     check_ids_in_range,
     interpreting,
     num_blocks_bound,
-    prepare_activations,
     route_pairs,
     sum_over_slots,
     validate,
@@ -245,10 +244,10 @@ def nvfp4_fused_moe(
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
-    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters)
+    xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
+    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp))
     route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
 
-    xp = prepare_activations(hidden_states)
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     launch_gemm1(xp, w13, w13_scale, gs13, route1, h, cfg.gemm1, top_k, gate_row0, up_row0, interpret,
                  launch=launch1, counters=counters)  # fmt: skip

@@ -20,6 +20,7 @@ from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.tiles import MoeConfig
 
 W13_ORDERS = ("gate_up", "up_gate")
+PERMUTE_T, PERMUTE_K = 16, 256  # the activation layout's tile: rows x columns per program
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -130,13 +131,20 @@ def num_blocks_bound(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
 
 
-def route_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int, zero: torch.Tensor | None = None) -> Route:
+def route_pairs(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    zero: torch.Tensor | None = None,
+    permute: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
 
     Pair ids in a block are in increasing order; slots past an expert's count hold P (padding).
     Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
     is ``num_blocks_bound``, so sizes never depend on the ids' values: no host synchronization
-    (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters).
+    (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters);
+    ``permute`` = (x, xp), if given, has the same launch write ``prepare_activations(x)`` into xp.
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
     """
     ids = topk_ids.reshape(-1)
@@ -145,19 +153,31 @@ def route_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int, zero: to
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
     used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
-    _k.moe_align_kernel[(num_experts + 1,)](
+    x, xp = permute if permute is not None else (used_blocks, used_blocks)
+    num_rows, x_cols = x.shape if permute is not None else (0, 0)
+    tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
+    _k.moe_align_kernel[(num_experts + 1 + tiles,)](
         topk_ids_ptr=ids,
         sorted_ids_ptr=sorted_ids,
         block_expert_ptr=block_expert,
         used_blocks_ptr=used_blocks,
         zero_ptr=used_blocks if zero is None else zero,
+        x_ptr=x,
+        xp_ptr=xp,
         num_pairs=num_pairs,
         num_experts=num_experts,
         num_blocks=num_blocks,
         num_zero=0 if zero is None else zero.numel(),
+        num_rows=num_rows,
+        x_cols=x_cols,
+        stride_xt=x.stride(0),
+        stride_pt=xp.stride(0),
         BLOCK_M=block_m,
         E_PAD=max(16, triton.next_power_of_2(num_experts)),
         BLOCK=max(16, min(1024, triton.next_power_of_2(num_pairs))),  # decode: a few pairs, a small histogram
+        PERMUTE=permute is not None,
+        PERMUTE_T=PERMUTE_T,
+        PERMUTE_K=PERMUTE_K,
     )
     return Route(sorted_ids, block_expert, used_blocks)
 
@@ -183,10 +203,9 @@ def prepare_activations(x: torch.Tensor) -> torch.Tensor:
     """
     num_rows, k = x.shape
     xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
-    block_t, block_k = 16, 256
-    _k.prepare_activations_kernel[(triton.cdiv(num_rows, block_t), triton.cdiv(k, block_k))](
+    _k.prepare_activations_kernel[(triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(k, PERMUTE_K),)](
         x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
-        BLOCK_T=block_t, BLOCK_K=block_k,
+        BLOCK_T=PERMUTE_T, BLOCK_K=PERMUTE_K,
     )  # fmt: skip
     return xp
 

@@ -132,6 +132,21 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
+@pytest.mark.parametrize("num_tokens,hidden", [(1, 256), (37, 288), (0, 64)])
+def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, gen, device):
+    # The op has the routing launch also write x in the GEMMs' K order (one launch fewer at decode): the
+    # same bits as prepare_activations, every row (37 rows: a partial tile; 288 columns: a masked K tile).
+    from sglang_glm5 import routing
+
+    x = torch.randn(num_tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(-1, 8, (num_tokens, 4), generator=gen, dtype=torch.int32).to(device)
+    xp = torch.full_like(x, float("nan"))
+    route = routing.route_pairs(ids, 8, 16, permute=(x, xp))
+    assert torch.equal(xp, routing.prepare_activations(x))
+    alone = routing.route_pairs(ids, 8, 16)
+    assert all(torch.equal(a, b) for a, b in zip(route, alone, strict=True))
+
+
 def test_align_pairs_by_expert(device):
     ids = torch.tensor([[2, 0], [2, -1], [5, 2], [0, 7]], dtype=torch.int32)  # E = 6: 7 is out of range
     sorted_ids, block_expert = (t.cpu() for t in align_pairs_by_expert(ids.to(device), 6, 4))
@@ -317,24 +332,24 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, de
     # gemm2's multi-tile loop (several N tiles per program, in strides of the program count) does the
     # same arithmetic in the same K order as one tile per program: bit-identical output, every tile
     # written once (7 tiles of 32: uneven splits).
-    from sglang_glm5 import moe
+    from sglang_glm5 import moe, routing
 
     num_experts, hidden, inter, top_k = 4, 224, 128, 2
     layer = random_layer(num_experts, hidden, inter, gen)
     weights, ids = random_routing(10, num_experts, top_k, gen)
     h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
     cfg = GemmConfig(16, 32, 64)
-    route = moe.route_pairs(ids.to(device), num_experts, cfg.block_m)
+    route = routing.route_pairs(ids.to(device), num_experts, cfg.block_m)
     args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
     outs = []
     for p in (1, per_program):
         y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
-        moe.launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=p)
+        moe.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=p)
         outs.append(y.cpu())
     assert not outs[0].isnan().any()
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="per_program: expected N tiles per program >= 1, got 0"):
-        moe.launch_gemm2(*args, y, cfg, moe.interpreting(), per_program=0)
+        moe.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=0)
 
 
 @pytest.mark.parametrize("text", ["8,0,128", "8,256,0", "0,256,128", "8,48,128"])

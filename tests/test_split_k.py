@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_glm5 import moe
+from sglang_glm5 import moe, routing
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig
@@ -90,29 +90,29 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
     cfg = GemmConfig(16, 64, 64)
     w13, s13, g13, w2, s2, g2 = (t.to(device) for t in layer.args())
     ids_d = ids.to(device)
-    xp = moe.prepare_activations(x.to(device))
+    xp = routing.prepare_activations(x.to(device))
     tiles1 = -(-case.inter // cfg.block_n)
 
     def gemm1(n: int) -> torch.Tensor:
         bound = moe.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
         counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
-        route = moe.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
+        route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
         launch = moe.Launch(1, *moe.k_splits(case.hidden, cfg.block_k, n))
         h = torch.full((ids.numel(), case.inter), float("nan"), dtype=torch.bfloat16, device=device)
-        moe.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, moe.interpreting(),
+        moe.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, routing.interpreting(),
                          launch=launch if n > 1 else None, counters=counters)  # fmt: skip
         return h
 
     def gemm2(n: int, h: torch.Tensor) -> torch.Tensor:
-        route = moe.route_pairs(ids_d, case.num_experts, cfg.block_m)
+        route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m)
         launch = moe.Launch(2, *moe.k_splits(case.inter, cfg.block_k, n))
         n = launch.splits
         shape = (n, ids.numel(), case.hidden) if n > 1 else (ids.numel(), case.hidden)
         y = torch.full(shape, float("nan"), dtype=torch.float32 if n > 1 else torch.bfloat16, device=device)
-        moe.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg, moe.interpreting(),
+        moe.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg, routing.interpreting(),
                          per_program=1, launch=launch)  # fmt: skip
         out = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)
-        moe.sum_over_slots(y, ids_d, out, case.num_experts, moe.interpreting())
+        routing.sum_over_slots(y, ids_d, out, case.num_experts, routing.interpreting())
         return out
 
     valid = (ids.reshape(-1) >= 0).to(device)
@@ -146,12 +146,12 @@ def test_a_launch_with_an_empty_split_is_refused(gen, device):
     layer = random_layer(4, 256, 128, gen)
     weights, ids = random_routing(2, 4, 2, gen)
     cfg = GemmConfig(16, 64, 64)
-    route = moe.route_pairs(ids.to(device), 4, cfg.block_m)
+    route = routing.route_pairs(ids.to(device), 4, cfg.block_m)
     y = torch.empty(3, ids.numel(), 256, device=device)
     h = torch.randn(ids.numel(), 128, generator=gen).bfloat16().to(device)
     with pytest.raises(ValueError, match="leaves a K split empty"):  # K = 128: two steps, not three
         moe.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
-                         moe.interpreting(), per_program=1, launch=moe.Launch(1, 3, 64))  # fmt: skip
+                         routing.interpreting(), per_program=1, launch=moe.Launch(1, 3, 64))  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

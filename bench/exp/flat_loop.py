@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5 import moe
+from sglang_glm5 import moe, routing
 from sglang_glm5.bench import _balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
@@ -55,7 +55,7 @@ for m, tile, per_program in CASES[SHAPE]:
     weights, ids, _ = _balanced_routing(shape, m, gen)
     h = (torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()
     cfg = GemmConfig(*tile)
-    route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
+    route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
     args = (h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1).contiguous(), route)
     outs, row = {}, dict(m=m, gemm="gemm2", cfg=cfg.label, ms={})
     for p in per_program:

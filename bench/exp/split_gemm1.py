@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5 import moe
+from sglang_glm5 import moe, routing
 from sglang_glm5.bench import _balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
@@ -27,11 +27,11 @@ rows = []
 for m in (1, 16, 32):
     weights, ids, tokens = _balanced_routing(shape, m, gen)
     x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
-    xp = moe.prepare_activations(x)
+    xp = routing.prepare_activations(x)
     P = ids.numel()
     bm = 16 if m <= 16 else 32
     fused = GemmConfig(bm, 128, 256, 4, 3)
-    route = moe.route_pairs(ids, shape.num_experts, bm)
+    route = routing.route_pairs(ids, shape.num_experts, bm)
     h = torch.empty(P, shape.inter, dtype=x.dtype, device="cuda")
     t = triton.testing.do_bench(
         partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, fused, shape.top_k, 0, shape.inter, False),

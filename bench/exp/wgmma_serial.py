@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5 import moe
+from sglang_glm5 import moe, routing
 from sglang_glm5.bench import _balanced_routing
 from sglang_glm5.kernels import nvfp4_moe
 from sglang_glm5.shapes import parse_shape
@@ -72,12 +72,12 @@ triton.testing.do_bench(lambda: torch.empty(1 << 28, device="cuda").fill_(1.0), 
 for m in (1, 16, 32, 64):
     weights, ids, tokens = _balanced_routing(shape, m, gen)
     x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
-    xp = moe.prepare_activations(x)
+    xp = routing.prepare_activations(x)
     P = ids.numel()
     for gemm in ("gemm1", "gemm2"):
         for t in TILES[gemm][m]:
             cfg = GemmConfig(*t)
-            route = moe.route_pairs(ids, shape.num_experts, cfg.block_m)
+            route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
             outs, times = {}, {}
             h = (torch.randn(P, shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()  # gemm2's input
             for name, mod in VARIANTS.items():
