@@ -105,15 +105,15 @@ def plan_gemms(
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
         return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global_experts, gemm.block_m))
 
+    blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks(cfg.gemm1), sms)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
-    while per_program > 1 and blocks(cfg.gemm2)[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+    while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks(cfg.gemm2), sms,
-                          split=per_program == 1)  # fmt: skip
-    counters = blocks(cfg.gemm1)[0] * tiles1 if launch1.splits > 1 else 0
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1)
+    counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
