@@ -1,12 +1,16 @@
 """Triton kernels of the NVFP4 (W4A16) fused-MoE path.
 
-Data flow (P = T * top_k (token, slot) pairs, sorted by expert on the host side into blocks of
-BLOCK_M pairs that share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
+Data flow (P = T * top_k (token, slot) pairs, sorted by expert into blocks of BLOCK_M pairs that
+share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
 
-    prepare: xp[t, :]  = x[t], K order permuted (below)                                  -> [T, H]
+    route:   sorted_ids, block_expert, used blocks; xp[t, :] = x[t], K order permuted     (one launch)
     gemm1:   hp[p, :]  = silu(Wg[e] @ x[p // k]) * (Wu[e] @ x[p // k]), as xp            -> [P, I]
     gemm2:   y[p, :]   = topk_weight[p] * (W2[e] @ h[p])                                 -> [P, H]
     reduce:  out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]      -> [T, H]
+
+At decode few experts are active, so both GEMMs may split K over grid axis 2 (SPLITS): gemm1's last
+program of a tile adds the fp32 partials in split order and applies SiLU * up; gemm2's fp32
+partials [SPLITS, P, H] are added by the reduce, slots then splits (``docs/decode.md``).
 
 Activations, h and the decoded weights share one 16-bit type, that of the hidden states (bf16 or
 fp16): the tensor cores multiply it and accumulate in fp32.
