@@ -98,21 +98,14 @@ def _key(cfg: dict[str, int], dtype: str | None) -> tuple:
 
 
 def compiled_shared(items: list[tuple[str | None, dict[str, int]]]) -> list[int]:
-    """Shared memory on sm_120 of SGLang's fused_moe_kernel for each (dtype, config): one worker process."""
-    import os
-    import subprocess
+    """Shared memory on sm_120 of SGLang's fused_moe_kernel for each (dtype, config), compiled ahead of time."""
+    from sglang_glm5.aot import run_jobs
 
-    from sglang_glm5._proc import python_command
-
-    payload = json.dumps([[d, c] for d, c in items])
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run(
-        python_command("-m", "sglang_glm5.stock_configs"), input=payload, capture_output=True, text=True, env=env
-    )
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-        raise RuntimeError(f"ahead-of-time compile of SGLang's fused_moe_kernel failed: {tail}")
-    return [int(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
+    results = run_jobs("sglang_glm5.stock_configs:aot_job", [[d, c] for d, c in items])
+    failed = [(d, c, r) for (d, c), r in zip(items, results, strict=True) if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"ahead-of-time compile of SGLang's fused_moe_kernel failed: {failed[0]}")
+    return [int(v) for v in results]
 
 
 def _compile(dtype: str | None, cfg: dict[str, int], swap_ab: bool) -> int:
@@ -154,21 +147,16 @@ def _compile(dtype: str | None, cfg: dict[str, int], swap_ab: bool) -> int:
     return int(triton.compile(src, target=GPUTarget("cuda", ARCH, 32), options=options).metadata.shared)
 
 
-def _worker() -> None:
-    """python -m sglang_glm5.stock_configs: [[dtype, config], ...] on stdin, shared bytes as JSON on stdout.
+def aot_job(dtype: str | None, cfg: dict[str, int]) -> int:
+    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes of fused_moe_kernel on sm_120.
 
     fp8 configs with BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 may run with swap_ab on (SGLang turns it
     on for SM90-capable parts): both variants compile and the larger counts.
     """
-    import sys
-
-    out = []
-    for dtype, cfg in json.load(sys.stdin):
-        swaps = [False]
-        if dtype == "fp8_w8a8" and cfg["BLOCK_SIZE_M"] < 64 and cfg["BLOCK_SIZE_N"] >= 64:
-            swaps.append(True)
-        out.append(max(_compile(dtype, cfg, s) for s in swaps))
-    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    swaps = [False]
+    if dtype == "fp8_w8a8" and cfg["BLOCK_SIZE_M"] < 64 and cfg["BLOCK_SIZE_N"] >= 64:
+        swaps.append(True)
+    return max(_compile(dtype, cfg, s) for s in swaps)
 
 
 def generate(out: Path, triton_version: str | None = None) -> list[Path]:
@@ -260,7 +248,3 @@ def add_cli(subparsers) -> None:
         "--out", default=None, help="folder for SGLANG_MOE_CONFIG_DIR (default: $SGLANG_GLM5_CACHE_DIR/sglang_moe)"
     )
     p.set_defaults(func=_cmd)
-
-
-if __name__ == "__main__":
-    _worker()

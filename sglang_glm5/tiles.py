@@ -13,8 +13,6 @@ The tests check on samples that the model never calls feasible a config the comp
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from dataclasses import dataclass
 
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage
@@ -204,64 +202,28 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
     import triton
 
-    from sglang_glm5.kernels import nvfp4_moe
+    from sglang_glm5.aot import source_digest
 
-    source = inspect.getsource(nvfp4_moe)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
 
 
-def _compile_in_worker(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = False) -> list:
-    """Compile in fresh Python processes with the interpreter off: kernels defined under
-    TRITON_INTERPRET=1 cannot be compiled, and a compiler crash must not take the caller down.
-    Large batches are split over up to one process per CPU core."""
-    import json
-    import os
-    import subprocess
-
-    from sglang_glm5._proc import python_command
-
-    workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
-    chunks = [jobs[i::workers] for i in range(workers)]
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    procs = []
-    for chunk in chunks:
-        payload = json.dumps({"asm": want_asm, "jobs": [(k, c.as_dict(), a) for k, c, a in chunk]})
-        proc = subprocess.Popen(
-            python_command("-m", "sglang_glm5.tiles"),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        procs.append((proc, payload, chunk))
-    results: dict[int, object] = {}
-    for w, (proc, payload, chunk) in enumerate(procs):
-        out, err = proc.communicate(payload)
-        if proc.returncode != 0:
-            tail = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
-            raise RuntimeError(f"ahead-of-time compile failed for {[(k, c.label, a) for k, c, a in chunk]}: {tail}")
-        for i, value in enumerate(json.loads(out)):
-            results[w + i * workers] = value  # chunk w holds jobs w, w + workers, ...
-    return [results[i] for i in range(len(jobs))]
+def aot_job(kernel: str, cfg: dict, arch: int, want_asm: bool = False) -> int | dict[str, str]:
+    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes over the kernel's forms, or its PTX."""
+    config = GemmConfig(**cfg)
+    if want_asm:
+        return {"ptx": _compile(kernel, config, arch).asm["ptx"]}
+    return _compiled_shared(kernel, config, arch)
 
 
-def memoized_aot(keys: list[str], compile_missing, *, memo: bool = True) -> list:
-    """Values for ``keys`` from the on-disk memo ($SGLANG_GLM5_CACHE_DIR/aot_shared.json), computing the
-    missing ones in one ``compile_missing(indices) -> values`` call; only int values (sizes) are stored."""
-    from sglang_glm5._files import cache_dir, read_json, update_json
+def _compile_jobs(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = False) -> list:
+    from sglang_glm5.aot import run_jobs
 
-    path = cache_dir() / "aot_shared.json"
-    known: dict = {}
-    if memo:
-        try:
-            known = read_json(path)
-        except (FileNotFoundError, ValueError):
-            known = {}
-    missing = sorted({i for i, key in enumerate(keys) if not isinstance(known.get(key), int)})
-    if missing:
-        new = {keys[i]: v for i, v in zip(missing, compile_missing(missing), strict=True)}
-        known = {**known, **new}
-        if memo:
-            update_json(path, lambda d: d.update({k: v for k, v in new.items() if isinstance(v, int)}))
-    return [known[key] for key in keys]
+    results = run_jobs("sglang_glm5.tiles:aot_job", [[k, c.as_dict(), a, want_asm] for k, c, a in jobs])
+    failed = [(k, c.label, a, r) for (k, c, a), r in zip(jobs, results, strict=True) if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"ahead-of-time compile failed for {failed}")
+    return results
 
 
 def compiled_shared_bytes_many(
@@ -274,10 +236,12 @@ def compiled_shared_bytes_many(
     """
     keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
 
-    def compile_missing(indices: list[int]) -> list[int]:
-        return [int(v) for v in _compile_in_worker([(items[i][0], items[i][1], target.arch) for i in indices])]
+    from sglang_glm5.aot import memoized
 
-    return [int(v) for v in memoized_aot(keys, compile_missing, memo=memo)]
+    def compile_missing(indices: list[int]) -> list[int]:
+        return [int(v) for v in _compile_jobs([(items[i][0], items[i][1], target.arch) for i in indices])]
+
+    return [int(v) for v in memoized(keys, compile_missing, memo=memo)]
 
 
 def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
@@ -287,24 +251,4 @@ def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, me
 
 def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, str]:
     """The kernel's PTX (key "ptx") for the target, for instruction checks."""
-    return _compile_in_worker([(kernel, cfg, target.arch)], want_asm=True)[0]
-
-
-def _worker() -> None:
-    """python -m sglang_glm5.tiles: compile the jobs given as JSON on stdin; results as JSON on stdout."""
-    import json
-    import sys
-
-    request = json.load(sys.stdin)
-    results = []
-    for kernel, cfg, arch in request["jobs"]:
-        cfg = GemmConfig(**cfg)
-        if request["asm"]:
-            results.append({"ptx": _compile(kernel, cfg, arch).asm["ptx"]})
-        else:
-            results.append(_compiled_shared(kernel, cfg, arch))
-    json.dump(results, sys.stdout)
-
-
-if __name__ == "__main__":
-    _worker()
+    return _compile_jobs([(kernel, cfg, target.arch)], want_asm=True)[0]

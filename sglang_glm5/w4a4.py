@@ -25,8 +25,6 @@ checked through an interpreter variant that replaces ``dot_scaled`` by a decoded
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -211,34 +209,12 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int):
 
 
 def aot_compile(jobs: list[tuple[str, GemmConfig, int]]) -> list[AotResult | str]:
-    """Compile each (kernel, config, arch) in fresh processes with the interpreter off (kernels defined
-    under TRITON_INTERPRET=1 cannot be compiled in-process), up to one per CPU core (16 at most).
+    """Compile each (kernel, config, arch) ahead of time (``sglang_glm5.aot`` workers, the interpreter off).
     A job that fails gives its error line."""
-    import os
-    import subprocess
+    from sglang_glm5.aot import run_jobs
 
-    from sglang_glm5._proc import python_command
-
-    workers = max(1, min(len(jobs), os.cpu_count() or 1, 16))
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    procs = []
-    for w in range(workers):
-        payload = json.dumps([(k, c.as_dict(), a) for k, c, a in jobs[w::workers]])
-        proc = subprocess.Popen(
-            python_command("-m", "sglang_glm5.w4a4"),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        procs.append((proc, payload))
-    results: list = [None] * len(jobs)
-    for w, (proc, payload) in enumerate(procs):
-        out, err = proc.communicate(payload)
-        if proc.returncode != 0:
-            tail = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
-            raise RuntimeError(f"W4A4 AOT worker failed: {tail}")
-        for i, r in enumerate(json.loads(out)):
-            done = AotResult(r["shared"], tuple(r["mma"]), r["target"]) if isinstance(r, dict) else r
-            results[w + i * workers] = done
-    return results
+    results = run_jobs("sglang_glm5.w4a4:aot_job", [[k, c.as_dict(), a] for k, c, a in jobs])
+    return [AotResult(r["shared"], tuple(r["mma"]), r["target"]) if isinstance(r, dict) else r for r in results]
 
 
 def compiled_shared_bytes_many(items: list[tuple[str, GemmConfig]], arch: int) -> list[int | str]:
@@ -247,42 +223,29 @@ def compiled_shared_bytes_many(items: list[tuple[str, GemmConfig]], arch: int) -
     Sizes are memoized in $SGLANG_GLM5_CACHE_DIR/aot_shared.json (the W4A16 tuner's file, keys prefixed "w4a4|") per
     Triton version and kernel source; the missing ones compile together.
     """
-    import hashlib
-    import importlib.util
-    from pathlib import Path
-
     import triton
 
-    from sglang_glm5.tiles import memoized_aot
+    from sglang_glm5.aot import memoized, source_digest
 
-    src = Path(importlib.util.find_spec("sglang_glm5.kernels.nvfp4_w4a4").origin).read_bytes()
-    digest = hashlib.sha256(src).hexdigest()[:12]
+    digest = source_digest("sglang_glm5.kernels.nvfp4_w4a4")
     keys = [f"w4a4|triton={triton.__version__}|src={digest}|{k}|sm_{arch}|{c.label}" for k, c in items]
 
     def compile_missing(indices: list[int]) -> list[int | str]:
         fresh = aot_compile([(items[i][0], items[i][1], arch) for i in indices])
         return [r.shared if isinstance(r, AotResult) else r for r in fresh]  # errors: returned, not memoized
 
-    return memoized_aot(keys, compile_missing)
+    return memoized(keys, compile_missing)
 
 
-def _worker() -> None:
-    """python -m sglang_glm5.w4a4: compile the jobs given as JSON on stdin; results as JSON on stdout."""
+def aot_job(kernel: str, cfg: dict, arch: int) -> dict:
+    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes, the PTX's mma instructions and target."""
     import re
 
-    results: list[dict | str] = []
-    for kernel, cfg, arch in json.load(sys.stdin):
-        try:
-            compiled = _compile(kernel, GemmConfig(**cfg), arch)
-        except Exception as exc:  # noqa: BLE001 - reported per job: a target without FP4 support may refuse
-            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            results.append(f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:400])
-            continue
-        ptx = compiled.asm["ptx"]
-        target = next((ln.strip() for ln in ptx.splitlines() if ln.startswith(".target")), "")
-        mma = sorted(set(re.findall(r"\b((?:wg)?mma[.\w:]*)", ptx)))
-        results.append({"shared": int(compiled.metadata.shared), "mma": mma, "target": target})
-    json.dump(results, sys.stdout)
+    compiled = _compile(kernel, GemmConfig(**cfg), arch)
+    ptx = compiled.asm["ptx"]
+    target = next((ln.strip() for ln in ptx.splitlines() if ln.startswith(".target")), "")
+    mma = sorted(set(re.findall(r"\b((?:wg)?mma[.\w:]*)", ptx)))
+    return {"shared": int(compiled.metadata.shared), "mma": mma, "target": target}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,7 +475,3 @@ def load_threshold(target, shape, paths=None) -> dict | None:
             autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected a number >= 0 or null for "
                                  f"min_tokens_per_expert, got {m!r}")  # fmt: skip
     return None
-
-
-if __name__ == "__main__":
-    _worker()

@@ -404,7 +404,8 @@ def test_compile_workers_ignore_a_sglang_glm5_folder_in_the_current_directory(tm
     decoy = tmp_path / "sglang_glm5"
     decoy.mkdir()
     (decoy / "__init__.py").write_text("raise ImportError('the decoy in the current directory was imported')\n")
-    (decoy / "tiles.py").write_text("raise SystemExit(3)\n")
+    for worker in ("aot.py", "tiles.py"):  # the compile worker (python -m sglang_glm5.aot) and its jobs' module
+        (decoy / worker).write_text("raise SystemExit(3)\n")
     monkeypatch.chdir(tmp_path)
     cfg = tiles.heuristic_config(1).gemm1
     shared = tiles.compiled_shared_bytes("gemm1", cfg, TARGETS["rtx-pro-6000"], memo=False)
