@@ -43,6 +43,51 @@ def test_m_bucket():
     assert [m_bucket(v) for v in (0.2, 1, 1.5, 3, 16, 17, 10**6)] == [1, 1, 2, 4, 16, 32, autotune.MAX_BUCKET]
 
 
+def test_decode_buckets_go_below_one_token_per_expert():
+    # GLM-5 decode under EP8: B tokens per step are B * 8 / 256 tokens per expert, 1/32 at B = 1.
+    from fractions import Fraction
+
+    assert [autotune.bucket_of(b * 8 / 256) for b in (1, 2, 4, 8, 16, 17, 32)] == [
+        Fraction(1, 32), Fraction(1, 16), Fraction(1, 8), Fraction(1, 4), Fraction(1, 2), 1, 1,
+    ]  # fmt: skip
+    assert autotune.bucket_of(1e-4) == autotune.MIN_BUCKET and autotune.bucket_of(3) == m_bucket(3) == 4
+    assert autotune.parse_bucket("1/32") == Fraction(1, 32) and type(autotune.parse_bucket("16")) is int
+    assert autotune.tune_buckets([0.03, 0.25, 3, 0.031]) == [Fraction(1, 32), Fraction(1, 4), 4]
+    assert _key("gemm1", Fraction(1, 32)).endswith("|m=1/32")
+    for bad in ("0", "-1/2", "x"):
+        with pytest.raises((ValueError, ZeroDivisionError)):
+            autotune.parse_bucket(bad)
+
+
+def test_decode_lookups_borrow_only_decode_buckets_nearby(tmp_path):
+    # An entry tuned at 1/8 serves 1/32 and 1/4; 1/2 is one octave from m=1 and two from 1/8, so the
+    # nearer m=1 entry serves it; m=1 (every expert busy) does not reach 1/32 (three octaves).
+    from fractions import Fraction
+
+    path = tmp_path / "c.json"
+    decode, busy = GemmConfig(16, 64, 256, 4, 3), GemmConfig(16, 128, 256, 4, 3)
+    autotune.store(path, SM120, {_key("gemm1", Fraction(1, 8)): _entry(decode), _key("gemm1", 1): _entry(busy)})
+    cache = ConfigCache(SM120, [path])
+    assert cache.lookup(SHAPE, 1 / 32).gemm1 == decode
+    assert cache.lookup(SHAPE, 1 / 4).gemm1 == decode
+    assert cache.lookup(SHAPE, 1 / 2).gemm1 == busy
+    assert cache.lookup(SHAPE, 1).gemm1 == busy
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == tiles.heuristic_config(1 / 32)
+    assert tiles.heuristic_config(1 / 32) != tiles.heuristic_config(1)
+
+
+def test_tune_takes_fractional_batch_sizes_and_w4a4_refuses_them(tmp_path, capsys):
+    from sglang_glm5.cli import main
+
+    out = tmp_path / "out.json"
+    argv = ["tune", "--shape", "4,64,32", "--batch-sizes", "1/32,0.5", "--out", str(out), "--no-survey"]
+    assert main(argv) == 0
+    keys = set(json.loads(out.read_text())["entries"])
+    assert {k.rsplit("|m=", 1)[1] for k in keys} == {"1/32", "1/2"}
+    assert main(["tune", "--path", "w4a4", "--shape", "4,64,32", "--batch-sizes", "1/2", "--out", str(out)]) == 2
+    assert "--batch-sizes must be whole tokens per expert" in capsys.readouterr().err
+
+
 def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     user, shipped = tmp_path / "user.json", tmp_path / "shipped.json"
     other = GemmConfig(32, 64, 128, 4, 2)
