@@ -63,14 +63,10 @@ def top1(top: TopList) -> int:
 
 
 def percentile(values: Sequence[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
-    v = sorted(values)
-    if not v:
-        return math.nan
-    rank = p / 100.0 * (len(v) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
+    """``metrics.percentile`` of unsorted values (linear interpolation, numpy's default); NaN for none."""
+    from sglang_glm5.loadtest.metrics import percentile as sorted_percentile
+
+    return sorted_percentile(sorted(values), p)
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
