@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5.bench import _balanced_routing, copy_bandwidth, environment
-from sglang_glm5.moe import align_pairs_by_expert, nvfp4_fused_moe
+from sglang_glm5.bench import balanced_routing, copy_bandwidth, environment
+from sglang_glm5.moe import nvfp4_fused_moe
+from sglang_glm5.routing import align_pairs_by_expert
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig, MoeConfig
@@ -49,7 +50,7 @@ def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     y = torch.empty(num_pairs, shape.hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     stages = {
-        "align": partial(moe.align_pairs_by_expert, ids, shape.num_experts, cfg.block_m),
+        "align": partial(routing.route_pairs, ids, shape.num_experts, cfg.block_m),
         "prepare": partial(routing.prepare_activations, x),
         "gemm1": partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
         "gemm2": partial(moe.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
@@ -96,7 +97,7 @@ def main() -> int:
     m_values = [int(v) for v in a.m.split(",")]
     for m in m_values:
         t_m = time.time()
-        weights, ids, tokens = _balanced_routing(shape, m, gen)
+        weights, ids, tokens = balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         args = (x, *layer.args(), weights, ids)
         t_align = triton.testing.do_bench(

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_glm5.bench_real import copy_bandwidth, dequantize_bf16, grouped_mm_moe
 from sglang_glm5.shapes import MoeShape
 
 
@@ -50,16 +51,6 @@ class BenchRow:
 GRAPH_MAX_M = 128
 
 
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    import triton.testing
-
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3)
-
-
 def balanced_routing(shape: MoeShape, m: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
     """T tokens whose T*k pairs give every local expert exactly m pairs (distinct experts per token)."""
     num_pairs = m * shape.num_experts
@@ -74,16 +65,9 @@ def balanced_routing(shape: MoeShape, m: int, gen: torch.Generator) -> tuple[tor
     return weights.float(), ids, tokens
 
 
-def _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter):
-    """bf16 grouped MoE on pre-sorted pairs: x_sorted [P, H], w13_t [E, H, 2I], w2_t [E, I, H]."""
-    gu = torch._grouped_mm(x_sorted, w13_t, offs=offs)
-    h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
-    return torch._grouped_mm(h, w2_t, offs=offs)
-
-
 def _dequant_grouped_mm_moe(dequant_all, x_sorted, offs, inter):
     w13_t, w2_t = dequant_all()
-    return _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter)
+    return grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter)
 
 
 def _graph_ms(fn, name: str) -> float | None:
@@ -100,7 +84,6 @@ def _graph_ms(fn, name: str) -> float | None:
 def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = True) -> tuple[list[BenchRow], float]:
     import triton.testing
 
-    from sglang_glm5 import nvfp4
     from sglang_glm5.moe import nvfp4_fused_moe
     from sglang_glm5.testing import random_layer
 
@@ -111,12 +94,7 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
     floor_ms = shape.weight_bytes / bw * 1e3
 
     def dequant_all():
-        g13 = layer.w13_scale_2.reshape(shape.num_experts, -1)
-        w13 = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0, torch.float32)
-        w13[:, : shape.inter] *= g13[:, :1, None]
-        w13[:, shape.inter :] *= g13[:, -1:, None]
-        w2 = nvfp4.dequantize(layer.w2, layer.w2_scale, 1.0, torch.float32) * layer.w2_scale_2[:, None, None]
-        return w13.bfloat16().transpose(1, 2), w2.bfloat16().transpose(1, 2)
+        return dequantize_bf16(layer, shape.num_experts, shape.inter)
 
     w13_t, w2_t = dequant_all() if with_baselines else (None, None)  # [E, H, 2I], [E, I, H] views
     rows = []
@@ -138,12 +116,12 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
             order = torch.argsort(ids.reshape(-1), stable=True)
             x_sorted = x[order // shape.top_k]
             offs = torch.cumsum(torch.bincount(ids.reshape(-1).long(), minlength=shape.num_experts), 0).to(torch.int32)
-            bf16 = partial(_grouped_mm_moe, x_sorted, w13_t, w2_t, offs, shape.inter)
+            bf16 = partial(grouped_mm_moe, x_sorted, w13_t, w2_t, offs, shape.inter)
             t_bf16 = triton.testing.do_bench(bf16, warmup=25, rep=200, return_mode="median")
             g_bf16 = _graph_ms(bf16, "bf16 _grouped_mm") if graphs else None
             naive = partial(_dequant_grouped_mm_moe, dequant_all, x_sorted, offs, shape.inter)
             t_deq = triton.testing.do_bench(naive, warmup=5, rep=50, return_mode="median")
-            y = _grouped_mm_moe(x_sorted, w13_t, w2_t, offs, shape.inter).float()
+            y = grouped_mm_moe(x_sorted, w13_t, w2_t, offs, shape.inter).float()
             y = y * weights.reshape(-1)[order, None]
             ref = torch.zeros(tokens, shape.hidden, device="cuda").index_add_(0, order // shape.top_k, y)
             err = ((out.float() - ref).norm() / ref.norm()).item()

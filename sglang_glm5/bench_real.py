@@ -17,7 +17,7 @@ Each timed graph runs ``ROUTINGS`` different routings (fresh logits) over ``COPI
 layer in turn, so that the weights a step touches are not already in L2 from the step before (in a
 model every layer has its own weights). Times are per call: the graph's median over the routings.
 
-This module needs only torch, triton and ``nvfp4_fused_moe``/``testing.random_layer`` of the package,
+This module needs only torch, triton, ``nvfp4_fused_moe``, ``testing.random_layer`` and ``nvfp4.dequantize``,
 so that ``bench/exp`` can run it against an older revision of the op in the same session.
 """
 
@@ -87,6 +87,25 @@ def real_routing(
     return weights.float(), ids
 
 
+def dequantize_bf16(layer, num_experts: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``testing.MoeLayer`` in bf16 for torch's grouped GEMMs: w13 [E, H, 2I] and w2 [E, I, H] (transposed views)."""
+    from sglang_glm5 import nvfp4
+
+    g13 = layer.w13_scale_2.reshape(num_experts, -1)
+    w13 = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0, torch.float32)
+    w13[:, :inter] *= g13[:, :1, None]
+    w13[:, inter:] *= g13[:, -1:, None]
+    w2 = nvfp4.dequantize(layer.w2, layer.w2_scale, 1.0, torch.float32) * layer.w2_scale_2[:, None, None]
+    return w13.bfloat16().transpose(1, 2), w2.bfloat16().transpose(1, 2)
+
+
+def grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter):
+    """bf16 grouped MoE on pre-sorted pairs: x_sorted [P, H], w13_t [E, H, 2I], w2_t [E, I, H]."""
+    gu = torch._grouped_mm(x_sorted, w13_t, offs=offs)
+    h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+    return torch._grouped_mm(h, w2_t, offs=offs)
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import triton.testing
@@ -128,7 +147,6 @@ def _time(fn, graph: bool, calls: int) -> float:
 def run(
     layout: Layout, batches, seed: int, *, skew: float = 0.0, copies: int = 2, baselines: bool = True, op_kwargs=None
 ) -> list[Row]:
-    from sglang_glm5 import nvfp4
     from sglang_glm5.moe import nvfp4_fused_moe
     from sglang_glm5.testing import random_layer
 
@@ -136,17 +154,8 @@ def run(
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layers = [random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda") for _ in range(copies)]
-
-    def dequant(layer):
-        e, inter = layout.num_experts, layout.inter
-        g13 = layer.w13_scale_2.reshape(e, -1)
-        w13 = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0, torch.float32)
-        w13[:, :inter] *= g13[:, :1, None]
-        w13[:, inter:] *= g13[:, -1:, None]
-        w2 = nvfp4.dequantize(layer.w2, layer.w2_scale, 1.0, torch.float32) * layer.w2_scale_2[:, None, None]
-        return w13.bfloat16().transpose(1, 2).contiguous(), w2.bfloat16().transpose(1, 2).contiguous()
-
-    bf16_layers = [dequant(layers[0])] if baselines else []
+    if baselines:  # contiguous in the transposed layout
+        w13_t, w2_t = (w.contiguous() for w in dequantize_bf16(layers[0], layout.num_experts, layout.inter))
     rows = []
     for batch in batches:
         graph = batch <= GRAPH_MAX_B
@@ -176,23 +185,17 @@ def run(
                 counts = torch.bincount(flat[keep], minlength=layout.num_experts)
                 offs = torch.cumsum(counts, 0).to(torch.int32)
                 sorted_inputs.append((x[order // TOP_K].contiguous(), offs, order, weights))
-            w13_t, w2_t = bf16_layers[0]
-
-            def bf16_once(xs, offs, w13_t=w13_t, w2_t=w2_t):
-                gu = torch._grouped_mm(xs, w13_t, offs=offs)
-                h = torch.nn.functional.silu(gu[:, : layout.inter]) * gu[:, layout.inter :]
-                return torch._grouped_mm(h, w2_t, offs=offs)
 
             def bf16(sorted_inputs=sorted_inputs):
                 for xs, offs, _, _ in sorted_inputs:
-                    bf16_once(xs, offs)
+                    grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter)
 
             ms_bf16 = _time(bf16, graph, n)
             # The op on layer copy 0 against the bf16 path on the same weights.
             x, weights, ids = inputs[0]
             xs, offs, order, _ = sorted_inputs[0]
             got = nvfp4_fused_moe(x, *layers[0].args(), weights, ids, **kwargs).float()
-            y = bf16_once(xs, offs).float() * weights.reshape(-1)[order, None]
+            y = grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter).float() * weights.reshape(-1)[order, None]
             ref = torch.zeros(batch, layout.hidden, device="cuda").index_add_(0, order // TOP_K, y)
             err = (
                 ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item() if ref.norm() > 0 else float(got.abs().max())

@@ -54,7 +54,7 @@ def nvfp4_fused_moe_reference(
 def align_pairs_by_expert_reference(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch version of ``sglang_glm5.moe.align_pairs_by_expert``, with the same output.
+    """Torch version of ``sglang_glm5.routing.align_pairs_by_expert``, with the same output.
 
     Returns (sorted_ids [num_blocks * block_m] int32, block_expert [num_blocks] int32). Pair ids in a
     block are in increasing order; slots past an expert's count hold P (padding). Blocks past the

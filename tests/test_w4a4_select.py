@@ -217,7 +217,7 @@ def test_a_check_below_the_threshold_proves_nothing_for_prefill(fake_gpu):
 
 
 def test_kernel_digest_covers_the_shared_sort_and_sum_kernels_and_the_op(monkeypatch, tmp_path):
-    """The W4A4 path launches moe.align_pairs_by_expert and moe.sum_over_slots (kernels/nvfp4_moe.py)."""
+    """The W4A4 path launches routing.align_pairs_by_expert and routing.sum_over_slots (kernels/nvfp4_moe.py)."""
     import importlib.util
     from types import SimpleNamespace
 

@@ -17,7 +17,7 @@ import triton
 import triton.testing
 
 from sglang_glm5 import moe, routing
-from sglang_glm5.bench import _balanced_routing
+from sglang_glm5.bench import balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
@@ -52,7 +52,7 @@ layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
 rows = []
 triton.testing.do_bench(lambda: torch.empty(1 << 28, device="cuda").fill_(1.0), warmup=1000, rep=10)  # clocks up
 for m, tile, per_program in CASES[SHAPE]:
-    weights, ids, _ = _balanced_routing(shape, m, gen)
+    weights, ids, _ = balanced_routing(shape, m, gen)
     h = (torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()
     cfg = GemmConfig(*tile)
     route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)

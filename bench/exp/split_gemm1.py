@@ -11,7 +11,7 @@ import triton
 import triton.testing
 
 from sglang_glm5 import moe, routing
-from sglang_glm5.bench import _balanced_routing
+from sglang_glm5.bench import balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
@@ -25,7 +25,7 @@ w13, s13, g13 = layer.args()[:3]
 g13_one = g13.reshape(g13.shape[0], -1)[:, 0].contiguous()
 rows = []
 for m in (1, 16, 32):
-    weights, ids, tokens = _balanced_routing(shape, m, gen)
+    weights, ids, tokens = balanced_routing(shape, m, gen)
     x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
     xp = routing.prepare_activations(x)
     P = ids.numel()

@@ -19,7 +19,7 @@ import triton
 import triton.testing
 
 from sglang_glm5 import moe, routing
-from sglang_glm5.bench import _balanced_routing
+from sglang_glm5.bench import balanced_routing
 from sglang_glm5.kernels import nvfp4_moe
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
@@ -70,7 +70,7 @@ w13, s13, g13, w2, s2, g2 = layer.args()[:6]
 rows = []
 triton.testing.do_bench(lambda: torch.empty(1 << 28, device="cuda").fill_(1.0), warmup=1000, rep=10)  # clocks up
 for m in (1, 16, 32, 64):
-    weights, ids, tokens = _balanced_routing(shape, m, gen)
+    weights, ids, tokens = balanced_routing(shape, m, gen)
     x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
     xp = routing.prepare_activations(x)
     P = ids.numel()
