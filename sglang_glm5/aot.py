@@ -12,6 +12,7 @@ Triton version and ``source_digest`` of the kernel file, so an edited kernel is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -25,8 +26,10 @@ from pathlib import Path
 MAX_WORKERS = 16
 
 
+@functools.cache
 def source_digest(module: str) -> str:
-    """12 hex digits of the SHA-256 of a module's source file (the kernels' fingerprint in memo keys)."""
+    """12 hex digits of the SHA-256 of a module's source file (the kernels' fingerprint in memo keys);
+    read once per process, not once per memo key."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ValueError(f"source_digest: no source file for module {module!r}")
