@@ -12,13 +12,14 @@ With ``nvfp4_triton``:
   dispatcher hands ``apply`` top-k output with local expert ids and -1 for other ranks' experts.
 - ``process_weights_after_loading``: the stock code runs (it swizzles the block scales in place when
   their shape allows, computes alphas, configures the dispatcher), with the input scales sliced to
-  this rank's experts; then the swizzled scales are put back in linear order in place, and the w13
-  row order is recorded.
-- ``apply``: ``sglang_glm5.moe.nvfp4_fused_moe`` -> ``StandardCombineInput``. The top-k weights
+  this rank's experts; then the swizzled scales are put back in linear order in place, and the layer's
+  weights are checked once and kept on it as an ``Nvfp4MoeWeights`` (w13 row order and this rank's
+  input scales included).
+- ``apply``: ``sglang_glm5.moe.fused_moe`` on that bundle -> ``StandardCombineInput``. The top-k weights
   already carry ``routed_scaling_factor`` for this method (``_fuses_routed_scaling_factor_in_topk``,
   ``srt/layers/moe/fused_moe_triton/layer.py``): it is not applied again. It passes ``path=`` from
-  ``SGLANG_GLM5_MOE_PATH`` (auto | w4a16 | w4a4, default auto) and this rank's input scales, which the
-  W4A4 path quantizes activations with. The switch is read and checked when the weights are processed:
+  ``SGLANG_GLM5_MOE_PATH`` (auto | w4a16 | w4a4, default auto); the bundle carries this rank's input
+  scales, which the W4A4 path quantizes activations with. The switch is read and checked when the weights are processed:
   a bad value, or w4a4 off SM12x, stops the server at load time, never mid-request.
 """
 
@@ -40,8 +41,7 @@ _MQ = "sglang.srt.layers.quantization.modelopt_quant"
 _METHOD = f"{_MQ}.ModelOptNvFp4FusedMoEMethod"
 
 # Layer attributes the plugin adds (plain attributes, not parameters: never saved or loaded).
-W13_ORDER_ATTR = "sglang_glm5_w13_order"  # "gate_up" | "up_gate"
-INPUT_SCALES_ATTR = "sglang_glm5_input_scales"  # (w13 [E_local, 2], w2 [E_local]) fp32, for the W4A4 path
+WEIGHTS_ATTR = "sglang_glm5_weights"  # sglang_glm5.weights.Nvfp4MoeWeights over the layer's parameters
 MOE_PATH_ATTR = "sglang_glm5_moe_path"  # "auto" | "w4a16" | "w4a4": the op's path= keyword
 
 MOE_PATH_ENV = env.MOE_PATH.name
@@ -164,10 +164,8 @@ def _check_path(path: str, layer) -> None:
     from sglang_glm5.w4a4_select import resolve_path
 
     num_experts, two_i, half_h = layer.w13_weight.shape
-    resolve_path(
-        path, layer.w13_weight.device, float("inf"), (num_experts, 2 * half_h, two_i // 2),
-        w13_input_scale=layer.w13_input_scale, w2_input_scale=layer.w2_input_scale,
-    )  # fmt: skip
+    shape = (num_experts, 2 * half_h, two_i // 2)
+    resolve_path(path, layer.w13_weight.device, float("inf"), shape, has_input_scales=True)
 
 
 def process_weights_hook(original, self, layer):
@@ -190,7 +188,6 @@ def process_weights_hook(original, self, layer):
     finally:
         for name, param in global_params.items():
             setattr(layer, name, param)
-    setattr(layer, INPUT_SCALES_ATTR, (local["w13_input_scale"], local["w2_input_scale"]))
 
     # Block scales: the stock code swizzles them in place when the swizzled shape equals the linear
     # one (rows a multiple of 128, scale columns of 4): then the swizzled alias *is* the weight_scale
@@ -200,11 +197,17 @@ def process_weights_hook(original, self, layer):
         if getattr(layer, f"{prefix}_blockscale_swizzled", None) is scale:
             rows, cols = scale.shape[-2], scale.shape[-1]
             scale.data.copy_(unswizzle_scales(scale.data, rows, cols).reshape(scale.shape))
-    setattr(layer, W13_ORDER_ATTR, "up_gate" if self.load_up_proj_weight_first else "gate_up")
+    from sglang_glm5.weights import Nvfp4MoeWeights
+
+    weights = Nvfp4MoeWeights.build(
+        layer.w13_weight.data, layer.w13_weight_scale.data, layer.w13_weight_scale_2.data, layer.w2_weight.data,
+        layer.w2_weight_scale.data, layer.w2_weight_scale_2.data,
+        w13_order="up_gate" if self.load_up_proj_weight_first else "gate_up",
+        w13_input_scale=local["w13_input_scale"], w2_input_scale=local["w2_input_scale"],
+    )  # fmt: skip
+    setattr(layer, WEIGHTS_ATTR, weights)
     setattr(layer, MOE_PATH_ATTR, path)
-    logger.debug(
-        "sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, getattr(layer, W13_ORDER_ATTR), path
-    )
+    logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, weights.w13_order, path)
 
 
 def apply_hook(original, self, layer, dispatch_output):
@@ -212,7 +215,7 @@ def apply_hook(original, self, layer, dispatch_output):
         return original(self, layer, dispatch_output)
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
 
-    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.moe import fused_moe
 
     if getattr(dispatch_output, "hidden_states_scale", None) is not None:
         raise NotImplementedError(
@@ -220,21 +223,12 @@ def apply_hook(original, self, layer, dispatch_output):
             "(unset SGLANG_MOE_NVFP4_DISPATCH)"
         )
     topk = dispatch_output.topk_output
-    w13_input_scale, w2_input_scale = getattr(layer, INPUT_SCALES_ATTR)  # this rank's experts (process_weights)
-    out = nvfp4_fused_moe(
+    out = fused_moe(
         dispatch_output.hidden_states,
-        layer.w13_weight,
-        layer.w13_weight_scale,
-        layer.w13_weight_scale_2,
-        layer.w2_weight,
-        layer.w2_weight_scale,
-        layer.w2_weight_scale_2,
+        getattr(layer, WEIGHTS_ATTR),  # checked once, in process_weights_after_loading
         topk.topk_weights.float(),  # routed scaling already in (see the module docstring)
         topk.topk_ids,
-        w13_order=getattr(layer, W13_ORDER_ATTR),
         path=getattr(layer, MOE_PATH_ATTR),
-        w13_input_scale=w13_input_scale,
-        w2_input_scale=w2_input_scale,
         check_ids=False,  # SGLang's top-k gives ids in [-1, E) by construction; the check would sync
         num_global_experts=layer.num_experts,  # other ranks' experts come as -1 (expert parallelism)
     )

@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--path", choices=("w4a16", "w4a4"), default="w4a16",
         help=f"which kernels to check: {PATH_HELP}. With w4a4 (SM12x GPUs only, exit 2 elsewhere) the W4A4 op "
         "and the W4A16 op both run against the float64 reference (W4A4 within the error bound its NVFP4 "
-        "activations imply); a pass is recorded in the user cache so that path='auto' may pick W4A4 on this GPU, "
-        "for this layer shape and with the W4A4 tiles it ran (run it after `tune --path w4a4`, which can void it)",
+        "activations imply). It records nothing: `tune --path w4a4` runs the same check before it lets "
+        "path='auto' take W4A4",
     )  # fmt: skip
     p.set_defaults(func=_cmd_selfcheck)
 
@@ -269,9 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--path", choices=("w4a16", "w4a4"), default="w4a16",
         help=f"which kernels to tune: {PATH_HELP}. With w4a4 the target must be SM12x (exit 2 otherwise); on "
-        "such a local GPU it benchmarks the W4A4 tiles and measures the threshold (the smallest tokens per "
-        "expert from which W4A4 beats W4A16, used by path='auto'); offline it stores AOT-checked picks and the "
-        "default threshold, marked measured: false",
+        "such a local GPU it benchmarks the W4A4 tiles, measures the threshold (the smallest tokens per expert "
+        "from which W4A4 beats W4A16) and checks W4A4 with its tiles against the float64 reference: only on a "
+        "pass does it store the threshold, which lets path='auto' take W4A4 (exit 1 on a failure); offline it "
+        "stores AOT-checked picks, marked measured: false, and no threshold",
     )  # fmt: skip
     p.set_defaults(func=_cmd_tune)
 

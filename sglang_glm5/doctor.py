@@ -3,7 +3,7 @@
 Checks: where the package is imported from, GPU and target profile, SGLang / torch / Triton versions
 against the tested ones, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin found through
 the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user config
-caches (entries per file, broken files, the W4A4 self-check record), and the op against the float64
+caches (entries per file, broken files), and the op against the float64
 reference on the GPU. Exit status 1 when any check fails. Nothing heavy is imported at module level.
 """
 
@@ -129,11 +129,10 @@ def check_cache() -> list[tuple[str, str]]:
     """The autotune entries this GPU reads, through the op's own lookup (``autotune.ConfigCache``: the user's
     files over the shipped ones, found through importlib.resources); without a GPU, what the user's and the
     shipped cache files hold, counted by owner (a device, or an architecture and its shared memory). Files
-    that cannot be read and a broken W4A4 self-check record are warnings."""
+    that cannot be read are warnings."""
     import torch
 
     from sglang_glm5 import autotune, hardware
-    from sglang_glm5.w4a4_select import record_problems
 
     lines = []
     counts = []
@@ -151,7 +150,6 @@ def check_cache() -> list[tuple[str, str]]:
                 owners[owner] = owners.get(owner, 0) + 1
         detail = ", ".join(f"{o}: {n}" for o, n in sorted(owners.items()))
         counts.append((name, len(files), sum(owners.values()), detail, folder))
-    lines += [(WARN, f"cache: {p}") for p in record_problems()]
     where = f"{autotune.user_dir()} and {autotune.shipped_dir()}"
     if torch.cuda.is_available():
         target = hardware.detect()

@@ -99,13 +99,14 @@ DISABLE = Switch(
 CACHE_DIR = Switch(
     "SGLANG_GLM5_CACHE_DIR", "path", "~/.cache/sglang_glm5",
     "the user cache: autotune results (`autotune/TARGET.json`, read before the shipped ones), memoized AOT "
-    "compiles (`aot_shared.json`), the W4A4 self-check record (`w4a4_selfcheck.json`)",
+    "compiles (`aot_shared.json`)",
     _text,
 )  # fmt: skip
 MOE_PATH = Switch(
     "SGLANG_GLM5_MOE_PATH", "auto \\| w4a16 \\| w4a4", "auto",
-    "the path the SGLang plugin asks the op for: `auto` takes W4A4 only on an SM12x GPU whose "
-    "`selfcheck --path w4a4` passed, from the threshold up; `w4a4` forces it (SM12x only, checked when weights load)",
+    "the path the SGLang plugin asks the op for: `auto` takes W4A4 only on an SM12x GPU where `tune --path w4a4` "
+    "passed its check against float64, from the threshold it measured; `w4a4` forces it (SM12x only, checked "
+    "when weights load)",
     _choice("auto", "w4a16", "w4a4"),
 )  # fmt: skip
 DENSE_PREFILL_MIN_TOKENS = Switch(
@@ -116,7 +117,8 @@ DENSE_PREFILL_MIN_TOKENS = Switch(
 )  # fmt: skip
 W4A4_MIN_TOKENS = Switch(
     "SGLANG_GLM5_W4A4_MIN_TOKENS", "tokens per expert (>= 0, finite)", None,
-    "from this many tokens per expert `auto` picks W4A4 (unset: the value `tune --path w4a4` stored, else 64)",
+    "from this many tokens per expert `auto` picks W4A4 where a passing `tune --path w4a4` stored a threshold "
+    "(unset: that measured threshold)",
     lambda name, text: parse_tokens(name, text, allow_inf=False),
 )  # fmt: skip
 STOCK_CONFIGS = Switch(

@@ -33,9 +33,10 @@ from sglang_glm5.routing import (
     num_blocks_bound,
     route_pairs,
     sum_over_slots,
-    validate,
+    validate_call,
 )
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, check_w4a16_config, heuristic_config
+from sglang_glm5.weights import Nvfp4MoeWeights
 
 # ---------------------------------------------------------------------------------------------
 # How many programs: at decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so
@@ -185,20 +186,45 @@ def nvfp4_fused_moe(
     [E, H, I/16] e4m3, w2_scale_2 [E] fp32; topk_weights [T, k] fp32 (routed scaling included);
     topk_ids [T, k] int32/int64 local expert ids, -1 = expert not on this rank.
     w13_order: "gate_up" when w13 rows are [gate; up], "up_gate" when [up; gate].
+    w13_input_scale, w2_input_scale: the checkpoint's activation scales, needed by the W4A4 path.
+    The weights are checked on every call here; a caller that keeps them (a server) builds an
+    ``Nvfp4MoeWeights`` once and calls ``fused_moe``. The other keywords are ``fused_moe``'s.
+    """
+    weights = Nvfp4MoeWeights.build(
+        w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, w13_order=w13_order,
+        w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale,
+    )  # fmt: skip
+    return fused_moe(
+        hidden_states, weights, topk_weights, topk_ids, config=config, path=path, check_ids=check_ids,
+        num_global_experts=num_global_experts,
+    )  # fmt: skip
+
+
+def fused_moe(
+    hidden_states: torch.Tensor,
+    weights: Nvfp4MoeWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    config: MoeConfig | None = None,
+    path: str = "auto",
+    check_ids: bool = True,
+    num_global_experts: int | None = None,
+) -> torch.Tensor:
+    """``nvfp4_fused_moe`` on a layer's checked weights (``Nvfp4MoeWeights.build``).
+
     config: tiles for the W4A16 kernels (default: the autotune cache, else the heuristic); with
     path="auto" a config also keeps the call on those kernels (no W4A4, no dense prefill).
     path: "w4a16" (NVFP4 weights, 16-bit activations), "w4a4" (SM12x only: activations quantized to
-    NVFP4 with the input scales, block-scaled FP4 tensor cores), or "auto" (``w4a4_select.resolve_path``).
-    w13_input_scale, w2_input_scale: the checkpoint's activation scales, needed by the W4A4 path.
+    NVFP4 with the weights' input scales, block-scaled FP4 tensor cores), or "auto" (``w4a4_select.resolve_path``).
     check_ids: raise on expert ids outside [-1, E). Costs a device-to-host sync per call (skipped
     during CUDA-graph capture); callers whose ids are valid by construction turn it off.
     num_global_experts: experts across all ranks, when the ids mark other ranks' experts -1 (expert
     parallelism). Tiles and paths are chosen by tokens per expert, estimated without a sync as
     T * k / num_global_experts (default E: every slot local).
     """
-    num_tokens, hidden, num_experts, inter, top_k = validate(
-        hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
-    )
+    num_tokens, top_k = validate_call(hidden_states, weights, topk_weights, topk_ids)
+    num_experts, hidden, inter = weights.shape
     out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     if num_tokens == 0:
         return out
@@ -215,27 +241,17 @@ def nvfp4_fused_moe(
     if path != "w4a16" and not (path == "auto" and config is not None):  # a config is for the W4A16 kernels
         from sglang_glm5.w4a4_select import resolve_path
 
-        chosen = resolve_path(
-            path, hidden_states.device, tokens_per_expert, (num_experts, hidden, inter),
-            w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale,
-        )  # fmt: skip
+        chosen = resolve_path(path, hidden_states.device, tokens_per_expert, weights.shape,
+                              has_input_scales=weights.has_input_scales)  # fmt: skip
         if chosen == "w4a4":
-            from sglang_glm5.w4a4 import nvfp4_fused_moe_w4a4
+            from sglang_glm5.w4a4 import run_w4a4
 
-            return nvfp4_fused_moe_w4a4(
-                hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
-                w13_input_scale, w2_input_scale, w13_order=w13_order, check_ids=False,  # checked above
-                num_global_experts=num_global_experts,
-            )  # fmt: skip
+            return run_w4a4(hidden_states, weights, topk_weights, topk_ids, out=out,
+                            num_global_experts=num_global_experts)  # fmt: skip
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
-    gs13 = w13_scale_2.contiguous()
-    gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
     if config is None and not interpret and _dense_prefill(hidden_states.device, tokens_per_expert):
-        return prefill.dense_moe(
-            hidden_states, w13, w13_scale, gs13, w2, w2_scale, w2_scale_2.contiguous(), topk_weights, topk_ids,
-            inter=inter, gate_row0=gate_row0, out=out,
-        )  # fmt: skip
+        return prefill.dense_moe(hidden_states, weights, topk_weights, topk_ids, out=out)
     cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, hidden_states.device)
     device = hidden_states.device
     sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
@@ -249,13 +265,14 @@ def nvfp4_fused_moe(
     route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
-    launch_gemm1(xp, w13, w13_scale, gs13, route1, h, cfg.gemm1, top_k, gate_row0, up_row0, interpret,
-                 launch=launch1, counters=counters)  # fmt: skip
+    gate_row0, up_row0 = weights.gate_up_rows
+    launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
+                 up_row0, interpret, launch=launch1, counters=counters)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    launch_gemm2(h, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(),
+    launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out

@@ -56,16 +56,15 @@ def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor
     return out
 
 
-def dense_moe(
-    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, *,
-    inter: int, gate_row0: int, out: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
-    """The module docstring's path; arguments as validated by ``nvfp4_fused_moe``. Writes ``out``."""
+def dense_moe(hidden_states, weights, topk_weights, topk_ids, *, out: torch.Tensor) -> torch.Tensor:
+    """The module docstring's path on a layer's ``Nvfp4MoeWeights``; arguments as validated by
+    ``moe.fused_moe``. Writes ``out``."""
     from sglang_glm5.kernels.dense_prefill import dense_activation_kernel
     from sglang_glm5.routing import align_pairs_by_expert, interpreting, sum_over_slots
 
     num_tokens, hidden = hidden_states.shape
-    num_experts = w13.shape[0]
+    num_experts, _, inter = weights.shape
+    gate_row0 = weights.gate_up_rows[0]
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     device = hidden_states.device
@@ -81,21 +80,22 @@ def dense_moe(
 
     x_sorted = hidden_states.index_select(0, pair // top_k).to(torch.bfloat16)
     scratch = torch.empty((num_experts, 2 * inter, hidden), dtype=torch.bfloat16, device=device)
-    w13_bf16 = dequantize_bf16(w13, w13_scale, scratch)
+    w13_bf16 = dequantize_bf16(weights.w13, weights.w13_scale, scratch)
     gu = torch._grouped_mm(x_sorted, w13_bf16.transpose(1, 2), offs=offs)  # [rows, 2I] bf16
     # h = silu(gate * gs_gate) * up * gs_up, times gs2 * topk_weight (linear in h, so applied before
     # gemm2 and its one rounding rather than to y). Padding rows are left unwritten: nothing reads them.
     h = torch.empty((rows, inter), dtype=torch.bfloat16, device=device)
-    gs13 = w13_scale_2
+    gs13 = weights.w13_scale_2
     block_i = 1024
     dense_activation_kernel[(rows, triton.cdiv(inter, block_i))](
-        gu_ptr=gu, row_expert_ptr=row_expert, sorted_ids_ptr=sorted_ids, wgs13_ptr=gs13, wgs2_ptr=w2_scale_2,
+        gu_ptr=gu, row_expert_ptr=row_expert, sorted_ids_ptr=sorted_ids, wgs13_ptr=gs13, wgs2_ptr=weights.w2_scale_2,
         topk_weights_ptr=topk_weights.reshape(-1), h_ptr=h, inter_size=inter, stride_gur=gu.stride(0),
         stride_gse=gs13.stride(0), stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0, stride_hr=h.stride(0),
         gate_col0=gate_row0, up_col0=inter - gate_row0, BLOCK_I=block_i,
     )  # fmt: skip
     del gu
-    w2_bf16 = dequantize_bf16(w2, w2_scale, scratch.view(-1)[: w2.numel() * 2].view(num_experts, hidden, inter))
+    w2 = weights.w2
+    w2_bf16 = dequantize_bf16(w2, weights.w2_scale, scratch.view(-1)[: w2.numel() * 2].view(num_experts, hidden, inter))
     y_sorted = torch._grouped_mm(h, w2_bf16.transpose(1, 2), offs=offs).to(hidden_states.dtype)
     # The sum reads y_sorted through row_map[pair] = its sorted row; padding rows write the spare
     # entry num_pairs, which nothing reads.

@@ -2,7 +2,8 @@
 
     P = T * k (token, slot) pairs; -1 ids (experts on other ranks) are dropped
 
-- ``validate``: every message names the argument, what was expected and what came;
+- ``validate_call``: what changes per call (the weights are checked once: ``sglang_glm5.weights``); every
+  message names the argument, what was expected and what came;
 - ``route_pairs``: the pairs sorted by expert into blocks of block_m, in one launch, no host sync;
 - ``prepare_activations``: activations in the K order the GEMM kernels read;
 - ``sum_over_slots``: out[t] = sum of the pair rows of token t, deterministic.
@@ -18,8 +19,8 @@ import triton
 
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.tiles import MoeConfig
+from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
 
-W13_ORDERS = ("gate_up", "up_gate")
 PERMUTE_T, PERMUTE_K = 16, 256  # the activation layout's tile: rows x columns per program
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -33,66 +34,25 @@ def interpreting() -> bool:
 # Input validation: every message names the argument, what was expected and what came.
 
 
-def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        want = " or ".join(str(d) for d in dtypes)
-        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
-    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape, strict=True)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
-
-
-def _check_contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
-
-
-def validate(
-    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
-) -> tuple[int, int, int, int, int]:
-    """Returns (T, H, E, I, k) or raises TypeError / ValueError."""
-    _check_tensor("hidden_states", hidden_states, ACTIVATION_DTYPES, (None, None))
-    num_tokens, hidden = hidden_states.shape
-    if hidden <= 0 or hidden % 32:
-        raise ValueError(f"hidden_states: hidden size H must be a positive multiple of 32, got {hidden}")
+def validate_call(hidden_states, weights: Nvfp4MoeWeights, topk_weights, topk_ids) -> tuple[int, int]:
+    """What changes per call, against the layer's checked weights: returns (T, k) or raises TypeError /
+    ValueError naming the argument."""
+    if not isinstance(weights, Nvfp4MoeWeights):
+        raise TypeError(f"weights: expected an Nvfp4MoeWeights (weights.Nvfp4MoeWeights.build), got "
+                        f"{type(weights).__name__}")  # fmt: skip
+    check_tensor("hidden_states", hidden_states, ACTIVATION_DTYPES, (None, weights.hidden))
+    num_tokens = hidden_states.shape[0]
     if hidden_states.stride(1) != 1:
         raise ValueError(
             f"hidden_states: rows must be contiguous (stride(1) == 1), got strides {hidden_states.stride()}"
         )
-
-    _check_tensor("w13", w13, (torch.uint8,), (None, None, hidden // 2))
-    num_experts, two_i, _ = w13.shape
-    if two_i <= 0 or two_i % 2 or (two_i // 2) % 32:
-        raise ValueError(f"w13: dim 1 must be 2*I with I a positive multiple of 32, got {two_i}")
-    inter = two_i // 2
-    _check_tensor("w13_scale", w13_scale, (torch.float8_e4m3fn,), (num_experts, two_i, hidden // 16))
-    if not isinstance(w13_scale_2, torch.Tensor) or w13_scale_2.dim() not in (1, 2):
-        got = list(w13_scale_2.shape) if isinstance(w13_scale_2, torch.Tensor) else type(w13_scale_2).__name__
-        raise ValueError(f"w13_scale_2: expected shape [{num_experts}] or [{num_experts}, 2], got {got}")
-    _check_tensor(
-        "w13_scale_2", w13_scale_2, (torch.float32,), (num_experts,) + ((2,) if w13_scale_2.dim() == 2 else ())
-    )
-    _check_tensor("w2", w2, (torch.uint8,), (num_experts, hidden, inter // 2))
-    _check_tensor("w2_scale", w2_scale, (torch.float8_e4m3fn,), (num_experts, hidden, inter // 16))
-    _check_tensor("w2_scale_2", w2_scale_2, (torch.float32,), (num_experts,))
-    _check_tensor("topk_weights", topk_weights, (torch.float32,), (num_tokens, None))
+    check_tensor("topk_weights", topk_weights, (torch.float32,), (num_tokens, None))
     top_k = topk_weights.shape[1]
-    _check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (num_tokens, top_k))
+    check_tensor("topk_ids", topk_ids, (torch.int32, torch.int64), (num_tokens, top_k))
     if top_k < 1:
         raise ValueError("topk_ids: top-k must be at least 1, got 0 columns")
-    for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
-        _check_contiguous(name, t)
-    if w13_order not in W13_ORDERS:
-        raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
-
     device = hidden_states.device
-    named = (
-        ("w13", w13), ("w13_scale", w13_scale), ("w13_scale_2", w13_scale_2), ("w2", w2),
-        ("w2_scale", w2_scale), ("w2_scale_2", w2_scale_2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
-    )  # fmt: skip
-    for name, t in named:
+    for name, t in (("weights", weights.w13), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if t.device != device:
             raise ValueError(f"{name}: expected device {device} (that of hidden_states), got {t.device}")
     if device.type != "cuda" and not interpreting():
@@ -100,7 +60,7 @@ def validate(
             f"hidden_states: expected a CUDA tensor, got device {device} "
             "(CPU tensors run only through the Triton interpreter, TRITON_INTERPRET=1)"
         )
-    return num_tokens, hidden, num_experts, inter, top_k
+    return num_tokens, top_k
 
 
 def check_ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> None:

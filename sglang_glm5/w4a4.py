@@ -31,9 +31,9 @@ import torch
 
 from sglang_glm5 import hardware, nvfp4
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.weights import Nvfp4MoeWeights, per_expert_scale
 
 __all__ = [
-    "MIN_TOKENS_PER_EXPERT",
     "heuristic_config",
     "nvfp4_fused_moe_w4a4",
     "nvfp4_fused_moe_w4a4_emulated",
@@ -52,15 +52,6 @@ def _unit(x: torch.Tensor, global_scale: torch.Tensor | float) -> torch.Tensor:
     """NVFP4 values without the global scale (e2m1 * e4m3): what the tensor cores multiply."""
     q = nvfp4.quantize(x.float(), global_scale)
     return nvfp4.dequantize(q.packed, q.scale, 1.0, torch.float32)
-
-
-def _per_expert(scale: torch.Tensor | float, num_experts: int, name: str) -> torch.Tensor:
-    s = torch.as_tensor(scale, dtype=torch.float32)
-    if s.dim() == 0:
-        return s.expand(num_experts)
-    if s.dim() == 1 and s.shape[0] == num_experts:
-        return s
-    raise ValueError(f"{name}: expected a scalar or shape [{num_experts}], got {list(s.shape)}")
 
 
 def nvfp4_fused_moe_w4a4_emulated(
@@ -84,7 +75,7 @@ def nvfp4_fused_moe_w4a4_emulated(
     if w13_order not in ("gate_up", "up_gate"):
         raise ValueError(f"w13_order must be 'gate_up' or 'up_gate', got {w13_order!r}")
     a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32).max()
-    a2 = _per_expert(w2_input_scale, num_experts, "w2_input_scale")
+    a2 = per_expert_scale(w2_input_scale, num_experts, "w2_input_scale", hidden_states.device)
     gs13 = w13_scale_2.float().reshape(num_experts, -1).expand(num_experts, 2)
     out_dtype = hidden_states.dtype
     xq = _unit(hidden_states, a1)  # [T, H]
@@ -117,10 +108,6 @@ SHIPPED_CONFIGS = (
 )
 KERNELS = ("gemm1", "gemm2")
 KERNEL_REVISION = 1  # in the W4A4 cache keys: raise it when a kernel change makes tuned tiles stale
-# Tokens per expert from which "auto" picks W4A4 on SM12x (w4a4_select.resolve_path) when neither
-# $SGLANG_GLM5_W4A4_MIN_TOKENS nor a `sglang-glm5 tune --path w4a4` measurement says otherwise.
-# Unmeasured: nobody here has run W4A4 on an SM120 GPU.
-MIN_TOKENS_PER_EXPERT = 64
 
 
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
@@ -142,9 +129,8 @@ def clear_memo() -> None:
 def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
     """The W4A4 entries of this GPU's autotune cache (``sglang-glm5 tune --path w4a4``), else the heuristic.
 
-    tokens_per_expert: T * k / num_global_experts, the estimate ``moe.nvfp4_fused_moe`` hands
-    ``w4a4_select.resolve_path``, so that the tiles a self-check record is checked against are the ones
-    that run. The cache is read once per device and the answers are memoized: a call costs a dict lookup.
+    tokens_per_expert: T * k / num_global_experts, as ``moe.fused_moe`` estimates it. The cache is read
+    once per device and the answers are memoized: a call costs a dict lookup.
     """
     if device.type != "cuda":
         return heuristic_config(tokens_per_expert)
@@ -309,46 +295,44 @@ def launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg
     )  # fmt: skip
 
 
-def _run(
-    hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
-    w13_input_scale, w2_input_scale, *, w13_order: str, config: MoeConfig | None, emulate_dot: bool,
-    check_ids: bool = True, num_global_experts: int | None = None,
-) -> torch.Tensor:  # fmt: skip
-    from sglang_glm5.routing import check_ids_in_range, interpreting, routes_for, sum_over_slots, validate
+def run_w4a4(
+    hidden_states: torch.Tensor,
+    weights: Nvfp4MoeWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    out: torch.Tensor,
+    config: MoeConfig | None = None,
+    emulate_dot: bool = False,
+    num_global_experts: int | None = None,
+) -> torch.Tensor:
+    """The W4A4 op on arguments ``moe.fused_moe`` validated (T > 0, the ids in range), into ``out``.
+    ``emulate_dot``: the interpreter tests' kernels (``dot_scaled`` replaced by a decoded fp32 dot)."""
+    from sglang_glm5.routing import interpreting, routes_for, sum_over_slots
 
-    num_tokens, hidden, num_experts, inter, top_k = validate(
-        hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids, w13_order
-    )
+    if not weights.has_input_scales:
+        raise RuntimeError("the W4A4 path quantizes activations with the checkpoint's input scales: the weights "
+                           "were built without w13_input_scale and w2_input_scale")  # fmt: skip
+    num_tokens, top_k = topk_ids.shape
+    num_experts, hidden, inter = weights.shape
     device = hidden_states.device
-    out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)
-    if num_tokens == 0:
-        return out
-    if check_ids:
-        check_ids_in_range(topk_ids, num_experts)
-    if config is not None and not isinstance(config, MoeConfig):
-        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
-    if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):
-        raise ValueError(
-            f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
-        )
-    a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32, device=device).max().reshape(1)
-    a2 = _per_expert(w2_input_scale, num_experts, "w2_input_scale").to(device).contiguous()
     num_pairs = num_tokens * top_k
-    tokens_per_expert = num_pairs / (num_global_experts or num_experts)  # as moe.nvfp4_fused_moe estimates it
+    tokens_per_expert = num_pairs / (num_global_experts or num_experts)  # as moe.fused_moe estimates it
     cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, device)
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
-    gate_row0, up_row0 = (0, inter) if w13_order == "gate_up" else (inter, 0)
+    gate_row0, up_row0 = weights.gate_up_rows
+    a1, a2 = weights.a1, weights.a2
 
     xq, xs = quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
     route1, route2 = routes_for(topk_ids, num_experts, cfg)
-    launch_gemm1(xq, xs, a1, w13, w13_scale, w13_scale_2.contiguous(), a2, route1, hq, hs, cfg.gemm1, top_k,
-                 gate_row0, up_row0, emulate_dot)  # fmt: skip
+    launch_gemm1(xq, xs, a1, weights.w13, weights.w13_scale, weights.w13_scale_2, a2, route1, hq, hs, cfg.gemm1,
+                 top_k, gate_row0, up_row0, emulate_dot)  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    launch_gemm2(hq, hs, a2, w2, w2_scale, w2_scale_2.contiguous(), topk_weights.reshape(-1).contiguous(), route2,
-                 y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
+    launch_gemm2(hq, hs, a2, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
+                 route2, y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
@@ -370,6 +354,7 @@ def nvfp4_fused_moe_w4a4(
     config: MoeConfig | None = None,
     check_ids: bool = True,
     num_global_experts: int | None = None,
+    emulate_dot: bool = False,
 ) -> torch.Tensor:
     """W4A4 NVFP4 MoE on SM12x tensor cores; the arguments of ``nvfp4_fused_moe`` plus the input scales.
 
@@ -377,18 +362,35 @@ def nvfp4_fused_moe_w4a4(
     w2_input_scale: scalar or [E] fp32 local-expert scales. config: W4A4 tiles (default: the W4A4
     entries of the autotune cache for T * k / num_global_experts tokens per expert, else
     ``heuristic_config``). check_ids, num_global_experts: as in ``nvfp4_fused_moe`` (the id range check
-    syncs with the host). Raises RuntimeError off SM12x GPUs: the block-scaled FP4 mma exists only there
-    (sm_90 compiles dot_scaled to a bf16 upcast).
+    syncs with the host). Raises RuntimeError off SM12x GPUs (the block-scaled FP4 mma exists only there;
+    sm_90 compiles dot_scaled to a bf16 upcast) unless ``emulate_dot`` (the interpreter tests).
     NOT YET RUN ON SM120 HARDWARE.
     """
-    got = hardware.w4a4_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
-    if got is not None:
-        raise RuntimeError(f"nvfp4_fused_moe_w4a4 needs an SM12x (Blackwell workstation) CUDA GPU, got {got}")
-    return _run(
-        hidden_states, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, topk_weights, topk_ids,
-        w13_input_scale, w2_input_scale, w13_order=w13_order, config=config, emulate_dot=False, check_ids=check_ids,
-        num_global_experts=num_global_experts,
+    from sglang_glm5.routing import check_ids_in_range, validate_call
+
+    if not emulate_dot:
+        got = hardware.w4a4_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
+        if got is not None:
+            raise RuntimeError(f"nvfp4_fused_moe_w4a4 needs an SM12x (Blackwell workstation) CUDA GPU, got {got}")
+    weights = Nvfp4MoeWeights.build(
+        w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, w13_order=w13_order,
+        w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale,
     )  # fmt: skip
+    num_tokens, _ = validate_call(hidden_states, weights, topk_weights, topk_ids)
+    out = torch.empty((num_tokens, weights.hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    if num_tokens == 0:
+        return out
+    if check_ids:
+        check_ids_in_range(topk_ids, weights.num_experts)
+    if config is not None and not isinstance(config, MoeConfig):
+        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
+    if num_global_experts is not None and (
+        not isinstance(num_global_experts, int) or num_global_experts < weights.num_experts
+    ):
+        raise ValueError(f"num_global_experts: expected an int >= the {weights.num_experts} local experts, got "
+                         f"{num_global_experts!r}")  # fmt: skip
+    return run_w4a4(hidden_states, weights, topk_weights, topk_ids, out=out, config=config, emulate_dot=emulate_dot,
+                    num_global_experts=num_global_experts)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,8 +398,9 @@ def nvfp4_fused_moe_w4a4(
 # ``autotune.Entry`` values under "entries", with keys in ``autotune.cache_key``'s format (same owners:
 # measured per device, unmeasured per architecture and shared memory) for kernels "w4a4_gemm1" |
 # "w4a4_gemm2" and W4A4's own KERNEL_REVISION (a new W4A16 design does not retire W4A4 tiles). The tokens
-# per expert from which resolve_path("auto") picks W4A4 sit in the file's top-level "w4a4_threshold"
-# object, keyed by owner and layer shape (never in "entries", whose values are configs). The W4A4 tuner,
+# per expert from which resolve_path("auto") picks W4A4, measured by a passing ``tune --path w4a4``, sit in
+# the file's top-level "w4a4_threshold" object, keyed by GPU and layer shape (never in "entries", whose
+# values are configs). The W4A4 tuner,
 # which prunes and stores through ``sglang_glm5.autotune``, is ``sglang_glm5.w4a4_tune``.
 
 THRESHOLD_KEY = "w4a4_threshold"
@@ -427,51 +430,54 @@ def cached_config(cache, shape, tokens_per_expert: float, fallback: MoeConfig) -
     )
 
 
-def threshold_key(target, shape, *, measured: bool) -> str:
+def threshold_key(target, shape) -> str:
+    """The key of the measured threshold of a layer shape on a target (under W4A4's kernel revision)."""
     from sglang_glm5 import autotune
 
-    return f"{autotune.owner(target, measured=measured)}|E={shape.num_experts},H={shape.hidden},I={shape.inter}"
+    e, h, i = shape.num_experts, shape.hidden, shape.inter
+    return f"{autotune.owner(target, measured=True)}|w4a4.r{KERNEL_REVISION}|E={e},H={h},I={i}"
 
 
-def store_threshold(path, target, shape, min_tokens: float | None, *, measured: bool,
-                    timings: dict[int, tuple[float, float]] | None = None) -> None:  # fmt: skip
-    """Store the tokens per expert from which W4A4 is picked (None: never), locked and atomic."""
+def store_threshold(path, target, shape, min_tokens: float | None, timings: dict[int, tuple[float, float]]) -> None:
+    """Store the measured tokens per expert from which W4A4 is picked (None: never), locked and atomic.
+    ``tune --path w4a4`` calls it only after W4A4 passed its check against the float64 reference."""
     import triton
 
     from sglang_glm5._files import update_json
 
-    value = {"min_tokens_per_expert": min_tokens, "measured": measured, "triton": triton.__version__}
-    if timings:
-        value["ms"] = {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())}
+    value = {
+        "min_tokens_per_expert": min_tokens,
+        "measured": True,
+        "triton": triton.__version__,
+        "ms": {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())},
+    }
 
     def update(data: dict) -> None:
         table = data.get(THRESHOLD_KEY)
         table = table if isinstance(table, dict) else {}
-        table[threshold_key(target, shape, measured=measured)] = value
+        table[threshold_key(target, shape)] = value
         data[THRESHOLD_KEY] = table
 
     update_json(path, update)
 
 
 def load_threshold(target, shape, paths=None) -> dict | None:
-    """The stored threshold entry ({"min_tokens_per_expert": number or None, "measured": bool, ...}): the
-    target's measured one, else its architecture's unmeasured one, each from the first file that has it
-    (``autotune.cache_files``: the user's over the shipped ones); None when none has one. Broken files and
-    entries are reported once."""
+    """The stored threshold entry ({"min_tokens_per_expert": number or None, ...}) of a passing
+    ``tune --path w4a4`` on this kind of GPU, from the first file that has it (``autotune.cache_files``:
+    the user's over the shipped ones); None when none has one. Broken files and entries are reported once."""
     from sglang_glm5 import autotune
 
     paths = autotune.cache_files(target) if paths is None else paths
-    files = [(path, autotune.read_cache_file(path)) for path in paths]
-    for measured in (True, False):
-        key = threshold_key(target, shape, measured=measured)
-        for path, data in files:
-            table = data.get(THRESHOLD_KEY) if data is not None else None
-            value = table.get(key) if isinstance(table, dict) else None
-            if value is None:
-                continue
-            m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
-            if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
-                return value
-            autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected a number >= 0 or null for "
-                                 f"min_tokens_per_expert, got {m!r}")  # fmt: skip
+    key = threshold_key(target, shape)
+    for path in paths:
+        data = autotune.read_cache_file(path)
+        table = data.get(THRESHOLD_KEY) if data is not None else None
+        value = table.get(key) if isinstance(table, dict) else None
+        if value is None:
+            continue
+        m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
+        if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
+            return value
+        autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected a number >= 0 or null for "
+                             f"min_tokens_per_expert, got {m!r}")  # fmt: skip
     return None

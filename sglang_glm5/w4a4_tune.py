@@ -4,10 +4,10 @@ The W4A16 tuner's machinery (``sglang_glm5.autotune``: Entry, TuneReport, the ca
 pruning by a shared-memory model and then by Triton's AOT compile for the target before any benchmark),
 with W4A4's own kernels, search space (``search_space``) and shared-memory model
 (``w4a4.model_shared_bytes``). On an SM12x GPU of the target's kind it benchmarks the feasible tiles,
-then times the whole W4A4 op against W4A16 per bucket and stores the threshold (``threshold_from_timings``)
-that ``w4a4_select.resolve_path("auto")`` reads. Offline it stores AOT-checked heuristic tiles and the
-default threshold, marked ``measured: false``. Run it before ``selfcheck --path w4a4``: the self-check
-record binds the tiles in effect when it ran, so a later tune that changes them voids it.
+then times the whole W4A4 op against W4A16 per bucket, checks W4A4 with the picked tiles against the
+float64 reference from the threshold up, and only on a pass stores the threshold
+(``threshold_from_timings``) that ``w4a4_select.resolve_path("auto")`` reads. Offline it stores
+AOT-checked heuristic tiles, marked ``measured: false``, and no threshold.
 Nothing here has run on SM120 hardware.
 """
 
@@ -187,6 +187,25 @@ def op_bencher(shape, seed: int) -> Callable[[int, MoeConfig | None], tuple[floa
     return bench
 
 
+def check_tiles(shape, picked: dict[int, MoeConfig], buckets: list[int], seed: int) -> bool:
+    """W4A4 with the picked tiles against the float64 reference at each bucket (``w4a4_verify.run_selfcheck``,
+    one token count per bucket); True when a row failed."""
+    import math
+
+    from sglang_glm5.autotune import m_bucket
+    from sglang_glm5.w4a4_verify import run_selfcheck
+
+    def op(x, *args):
+        tokens_per_expert = args[-3].numel() / shape.num_experts  # args: layer, topk weights, ids, a1, a2
+        return w4a4.nvfp4_fused_moe_w4a4(x, *args, config=picked[m_bucket(tokens_per_expert)])
+
+    tokens = [math.ceil(b * shape.num_experts / shape.top_k) for b in buckets]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    print(f"\ntune: checking W4A4 against float64 at T = {', '.join(map(str, tokens))}")
+    return not run_selfcheck(shape, tokens, torch.device("cuda"), gen, w4a4_op=op).passed
+
+
 # ---------------------------------------------------------------------------------------------
 # The command.
 
@@ -198,8 +217,10 @@ def _not_sm12x(got: str) -> int:
 
 def tune_command(args) -> int:
     """``sglang-glm5 tune --path w4a4``: W4A4 tiles and the W4A4-over-W4A16 threshold, into the user cache
-    (or --out). Measured on a local GPU of the target's kind; otherwise AOT-checked heuristic picks and the
-    default threshold, marked measured: false. Exit 2 for a non-SM12x target or --target local off SM12x."""
+    (or --out). On a local GPU of the target's kind: measured tiles, the threshold from timing both ops,
+    stored only when W4A4 with those tiles passes its check against float64 (exit 1 otherwise). Offline:
+    AOT-checked heuristic tiles, marked measured: false, and no threshold. Exit 2 for a non-SM12x target
+    or --target local off SM12x."""
     import os
 
     from sglang_glm5.hardware import detect, resolve, w4a4_problem
@@ -221,6 +242,7 @@ def tune_command(args) -> int:
     print(f"tune --path w4a4: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
     seed = int.from_bytes(os.urandom(4), "little")
     total = TuneReport()
+    rc = 0
     for shape in shapes:
         entries, report = tune(
             target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress,
@@ -228,30 +250,34 @@ def tune_command(args) -> int:
         )  # fmt: skip
         autotune.store(out, target, entries)
         total.add(report)
-        if measure:
-            timings = {}
-            run = op_bencher(shape, seed)
-            for bucket in buckets:
-                picked = [entries[w4a4.cache_key(target, k, shape, bucket, measured=True)].config
-                          for k in w4a4.KERNELS]  # fmt: skip
-                timings[bucket] = run(bucket, MoeConfig(*picked))
-                print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
-            threshold = threshold_from_timings(timings)
-            w4a4.store_threshold(out, target, shape, threshold, measured=True, timings=timings)
-            said = "never (W4A4 not faster)" if threshold is None else f"{threshold} tokens per expert (measured)"
-        else:
-            threshold = w4a4.MIN_TOKENS_PER_EXPERT
-            w4a4.store_threshold(out, target, shape, threshold, measured=False)
-            said = f"{threshold} tokens per expert (the default, not measured)"
-        print(f"\ntune: {shape}: {len(entries)} W4A4 entries, auto picks W4A4 from {said} -> {out}")
+        if not measure:
+            print(f"\ntune: {shape}: {len(entries)} W4A4 entries (not measured) -> {out}; no threshold: path='auto' "
+                  "takes W4A4 only after this command ran on the GPU that serves")  # fmt: skip
+            continue
+        picked = {b: MoeConfig(*(entries[w4a4.cache_key(target, k, shape, b, measured=True)].config
+                                 for k in w4a4.KERNELS)) for b in buckets}  # fmt: skip
+        timings = {}
+        run = op_bencher(shape, seed)
+        for bucket in buckets:
+            timings[bucket] = run(bucket, picked[bucket])
+            print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
+        threshold = threshold_from_timings(timings)
+        if threshold is None:
+            w4a4.store_threshold(out, target, shape, None, timings)
+            print(f"\ntune: {shape}: W4A4 never faster here; path='auto' stays on W4A16 -> {out}")
+            continue
+        failed = check_tiles(shape, picked, [b for b in buckets if b >= threshold], seed)
+        if failed:
+            print(f"\ntune: {shape}: W4A4 FAILED its check against the float64 reference; no threshold stored, "
+                  "path='auto' stays on W4A16")  # fmt: skip
+            rc = 1
+            continue
+        w4a4.store_threshold(out, target, shape, threshold, timings)
+        print(f"\ntune: {shape}: {len(entries)} W4A4 entries; checked against float64; auto picks W4A4 from "
+              f"{threshold} tokens per expert (measured) -> {out}")  # fmt: skip
     for line in total.space_lines(target, "W4A4 "):
         print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
-    print(
-        f"tune: next, on the GPU that serves, `sglang-glm5 selfcheck --path w4a4 --shape S` for S in "
-        f"{', '.join(args.shape)}: path='auto' runs W4A4 tiles only where a self-check ran them, and a "
-        "self-check made before this tune is void once the tiles it ran changed"
-    )
     clear_memo()
-    return 0
+    return rc

@@ -1,13 +1,10 @@
-"""Proving the W4A4 path on an SM12x GPU: what ``sglang-glm5 selfcheck --path w4a4`` runs there.
-Nothing here has run on SM120 hardware.
+"""Checking the W4A4 path on an SM12x GPU: what ``sglang-glm5 selfcheck --path w4a4`` runs there, and what
+``tune --path w4a4`` runs before it stores a threshold. Nothing here has run on SM120 hardware.
 
 ``run_selfcheck``: W4A4 and W4A16 on random GLM-5-shaped NVFP4 layers at several token counts, against
 the float64 reference (W4A4 within the bound NVFP4 activation quantization implies, and against its
-torch emulation); on a pass it writes the record that lets ``resolve_path("auto")`` pick W4A4 on this
-GPU for this layer shape, with the tiles it ran (``sglang_glm5.w4a4_select`` says which calls a record
-covers); on a failure it removes this GPU's earlier ones. The numbers it compares with
-(``reference_intermediates``, ``calibrated_input_scales``, ``activation_error_bound``) are the ones
-tests/test_w4a4.py checks the emulation with.
+torch emulation). The numbers it compares with (``reference_intermediates``, ``calibrated_input_scales``,
+``activation_error_bound``) are the ones tests/test_w4a4.py checks the emulation with.
 """
 
 from __future__ import annotations
@@ -15,13 +12,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 from sglang_glm5 import nvfp4, w4a4
-from sglang_glm5.w4a4_select import GpuIdentity, write_record
 
 # Tolerances of the W4A4 kernels against their torch emulation (tests/test_w4a4.py): a requantized h code
 # can flip at a rounding boundary when fp32 sums run in another order; the rest agrees to bf16 rounding.
@@ -125,7 +120,6 @@ class CheckRow:
 @dataclass(frozen=True)
 class SelfCheckResult:
     rows: tuple[CheckRow, ...]
-    record: Path  # the record file, written on a pass, cleared of this GPU on a failure
 
     @property
     def passed(self) -> bool:
@@ -159,20 +153,18 @@ def run_selfcheck(
     tokens: Sequence[int],
     device: torch.device,
     gen: torch.Generator,
-    gpu: GpuIdentity,
     *,
     w4a4_op: Callable[..., torch.Tensor] | None = None,
     w4a16_op: Callable[..., torch.Tensor] | None = None,
     say: Callable[[str], None] = print,
-    details: dict | None = None,
 ) -> SelfCheckResult:
     """W4A4 and W4A16 on random NVFP4 layers of ``shape`` (a MoeShape) at each token count, against the
-    float64 reference; writes the record for ``gpu`` and ``shape`` when every row passes (with the W4A4
-    tiles ``w4a4.pick_config`` gives on ``device`` at each size), removes ``gpu``'s records otherwise.
+    float64 reference. Passed when every row passes.
 
     w4a4_op(x, *layer, topk_weights, topk_ids, w13_input_scale, w2_input_scale) defaults to
     ``nvfp4_fused_moe_w4a4``, w4a16_op(x, *layer, topk_weights, topk_ids) to ``nvfp4_fused_moe`` pinned
-    to W4A16. The CLI passes the defaults; tests inject the interpreter's kernels or a broken op.
+    to W4A16. The CLI passes the defaults (``tune --path w4a4`` pins the tiles it picked); tests inject the
+    interpreter's kernels or a broken op.
     """
     from sglang_glm5.reference import nvfp4_fused_moe_reference
     from sglang_glm5.testing import random_layer, random_routing
@@ -216,43 +208,13 @@ def run_selfcheck(
         )  # fmt: skip
         rows.append(row)
         say(row.line())
-    passed = bool(rows) and not any(r.problems for r in rows)
-    payload = {**(details or {}), "shape_name": str(shape), "rows": [asdict(r) for r in rows]}
-    # On a pass the record binds the shape and the tiles W4A4 just ran at each size (w4a4_select).
-    path = write_record(
-        gpu, shape, passed, payload, device=device, tokens_per_expert=[r.tokens_per_expert for r in rows]
-    )
-    return SelfCheckResult(tuple(rows), path)
+    return SelfCheckResult(tuple(rows))
 
 
 # ---------------------------------------------------------------------------------------------
 # The command (``sglang_glm5.cli`` dispatches here for ``selfcheck --path w4a4``).
 
-SELFCHECK_TOKENS = (7, 256, 2048)  # on glm5-ep8: 1.75, 64 (the default threshold) and 512 tokens per expert
-
-
-def coverage(shape, device: torch.device) -> str:
-    """Where path='auto' now picks W4A4 for this layer, bucket by bucket from the threshold up (asking
-    resolve_path itself), and the token counts that would check the tiles of the buckets left out."""
-    import math
-
-    from sglang_glm5.autotune import MAX_BUCKET, m_bucket
-    from sglang_glm5.hardware import detect
-    from sglang_glm5.w4a4_select import resolve_path, threshold_for
-
-    threshold = threshold_for(detect(device.index if device.index is not None else torch.cuda.current_device()), shape)
-    if math.isinf(threshold):
-        return "selfcheck: the stored threshold says W4A4 is never faster here: path='auto' stays on W4A16"
-    buckets = [1 << n for n in range(m_bucket(threshold).bit_length() - 1, MAX_BUCKET.bit_length())]
-    scales = {"w13_input_scale": 1.0, "w2_input_scale": 1.0}  # auto needs them; their values do not matter here
-    on = [b for b in buckets if resolve_path("auto", device, max(b, threshold), shape, **scales) == "w4a4"]
-    off = [b for b in buckets if b not in on]
-    text = f"selfcheck: path='auto' picks W4A4 at m = {', '.join(map(str, on)) or 'none'} tokens per expert"
-    if off:
-        counts = ",".join(str(math.ceil(b * shape.num_experts / shape.top_k)) for b in off)
-        text += (f"; stays on W4A16 at m = {', '.join(map(str, off))}, whose tiles it did not run "
-                 f"(add --tokens {counts} to check them)")  # fmt: skip
-    return text
+SELFCHECK_TOKENS = (7, 256, 2048)  # on glm5-ep8: 1.75 (decode), 64 and 512 tokens per expert (prefill)
 
 
 def _say_not_sm12x(command: str, got: str) -> int:
@@ -261,7 +223,8 @@ def _say_not_sm12x(command: str, got: str) -> int:
 
 
 def selfcheck_command(args) -> int:
-    """``sglang-glm5 selfcheck --path w4a4``: exit 0 and a record on a pass, 1 on a failure, 2 off SM12x."""
+    """``sglang-glm5 selfcheck --path w4a4``: exit 0 on a pass, 1 on a failure, 2 off SM12x. It records
+    nothing: path='auto' takes W4A4 after a passing ``tune --path w4a4``, which runs this check itself."""
     import os
 
     from sglang_glm5.hardware import w4a4_problem
@@ -276,12 +239,7 @@ def selfcheck_command(args) -> int:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    gpu = GpuIdentity.of(device)
-    print(f"selfcheck --path w4a4: {shape} on {gpu.name} (sm_{gpu.arch}), seed {seed}")
-    result = run_selfcheck(shape, tokens, device, gen, gpu, details={"seed": seed, "tokens": tokens})
-    if result.passed:
-        print(f"selfcheck: W4A4 passed; recorded in {result.record} for this GPU and layer {shape}")
-        print(coverage(shape, device))
-        return 0
-    print(f"selfcheck: W4A4 FAILED; nothing recorded ({result.record}): path='auto' stays on W4A16 here")
-    return 1
+    print(f"selfcheck --path w4a4: {shape} on {torch.cuda.get_device_name(device)}, seed {seed}")
+    result = run_selfcheck(shape, tokens, device, gen)
+    print(f"selfcheck: W4A4 {'passed' if result.passed else 'FAILED'}")
+    return 0 if result.passed else 1

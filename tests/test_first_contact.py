@@ -201,14 +201,15 @@ def _serve_args(model_dir: Path):
 
 
 def test_doctor_fails_on_a_bad_switch_and_says_what_disable_does(tmp_path):
-    (tmp_path / "w4a4_selfcheck.json").write_text('{"truncated": ')
+    (tmp_path / "autotune").mkdir()
+    (tmp_path / "autotune" / "rtx-pro-6000.json").write_text('{"truncated": ')
     out = _cli("doctor", "--no-gpu", env_changes={"SGLANG_GLM5_CACHE_DIR": str(tmp_path),
                                                   "SGLANG_GLM5_W4A4_MIN_TOKENS": "lots"})  # fmt: skip
     assert out.returncode == 1, out.stdout
     assert (
         "[FAIL] env: SGLANG_GLM5_W4A4_MIN_TOKENS: expected a number of tokens per expert >= 0, got 'lots'" in out.stdout
     )
-    assert "w4a4_selfcheck.json: not valid JSON" in out.stdout and "self-check pass in it is ignored" in out.stdout
+    assert "rtx-pro-6000.json cannot be read" in out.stdout, out.stdout
     out = _cli("doctor", "--no-gpu", env_changes={"SGLANG_GLM5_CACHE_DIR": str(tmp_path), "SGLANG_GLM5_DISABLE": "1"})
     assert "SGLANG_GLM5_DISABLE turns the plugin off" in out.stdout, out.stdout
     assert re.search(r"shipped \d+ file\(s\), [1-9]\d* entries", out.stdout), out.stdout

@@ -182,14 +182,21 @@ def _good(gen, device):
 
 BAD = [
     ("hidden_states", lambda a: a["hidden_states"].float(), TypeError, "hidden_states: expected dtype"),
-    ("hidden_states", lambda a: a["hidden_states"][:, :32].contiguous(), ValueError, "w13: expected shape"),
+    # H comes from the weights (checked once); hidden states of another width are the call's error
+    (
+        "hidden_states",
+        lambda a: a["hidden_states"][:, :32].contiguous(),
+        ValueError,
+        r"hidden_states: expected shape \[\*, 64\]",
+    ),
     ("hidden_states", lambda a: a["hidden_states"][None], ValueError, "hidden_states: expected shape"),
     ("hidden_states", lambda a: a["hidden_states"].T.contiguous().T, ValueError, "rows must be contiguous"),
-    ("hidden_states", lambda a: a["hidden_states"][:, :48].contiguous(), ValueError, "multiple of 32"),
+    ("w13", lambda a: a["w13"][:, :, :24].contiguous(), ValueError, "H a positive multiple of 32, got 24"),
     ("w13", lambda a: a["w13"].view(torch.int8), TypeError, "w13: expected dtype torch.uint8"),
     ("w13", lambda a: a["w13"][:, :48], ValueError, r"w13: dim 1 must be 2\*I with I a positive multiple of 32"),
     # empty K dimensions: the kernels' K loops assume at least one step
-    ("hidden_states", lambda a: a["hidden_states"][:, :0], ValueError, "positive multiple of 32, got 0"),
+    ("hidden_states", lambda a: a["hidden_states"][:, :0], ValueError, r"expected shape \[\*, 64\], got \[3, 0\]"),
+    ("w13", lambda a: a["w13"][:, :, :0], ValueError, "H a positive multiple of 32, got 0"),
     ("w13", lambda a: a["w13"][:, :0], ValueError, r"2\*I with I a positive multiple of 32, got 0"),
     ("w13", lambda a: a["w13"].transpose(1, 2).contiguous().transpose(1, 2), ValueError, "w13: must be contiguous"),
     ("w13_scale", lambda a: a["w13_scale"].view(torch.uint8), TypeError, "w13_scale: expected dtype"),

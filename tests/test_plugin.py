@@ -230,9 +230,11 @@ def test_hooked_method_matches_reference(sg, plugin_on, case: Case, gen, monkeyp
         if not swizzle_fits:  # left linear, and SGLang's own swizzled copy is untouched
             want = swizzle_scales(full.w13_scale[sl]).view(torch.uint8)
             assert torch.equal(layer.w13_blockscale_swizzled.view(torch.uint8), want)
-        assert getattr(layer, nvfp4_moe.W13_ORDER_ATTR) == "gate_up"
-        w13_in, w2_in = getattr(layer, nvfp4_moe.INPUT_SCALES_ATTR)
-        assert torch.equal(w13_in, input_scales[0][sl]) and torch.equal(w2_in, input_scales[1][sl])
+        bundle = getattr(layer, nvfp4_moe.WEIGHTS_ATTR)  # checked once; the layer's own tensors, no copies
+        assert bundle.w13_order == "gate_up" and bundle.w13.data_ptr() == layer.w13_weight.data_ptr()
+        assert bundle.w13_scale.data_ptr() == layer.w13_weight_scale.data_ptr()
+        assert torch.equal(bundle.a1, input_scales[0][sl].max().reshape(1))
+        assert torch.equal(bundle.a2, input_scales[1][sl])
         assert layer.w13_input_scale.shape == (case.num_experts, 2)  # the loader's global-sized parameter is back
 
         # Global routing -> SGLang's own dispatcher maps to local ids (-1: another rank's expert).
@@ -292,7 +294,7 @@ def _snapshot(method, layer) -> dict:
     state["_up_first"] = method.load_up_proj_weight_first
     state["_runner"] = type(method.runner).__name__
     state["_aliases"] = layer.w13_blockscale_swizzled is layer.w13_weight_scale
-    state["_plugin_attrs"] = [a for a in (nvfp4_moe.W13_ORDER_ATTR, nvfp4_moe.INPUT_SCALES_ATTR) if hasattr(layer, a)]
+    state["_plugin_attrs"] = [a for a in (nvfp4_moe.WEIGHTS_ATTR, nvfp4_moe.MOE_PATH_ATTR) if hasattr(layer, a)]
     return state
 
 

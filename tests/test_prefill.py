@@ -9,6 +9,7 @@ from sglang_glm5 import nvfp4, prefill
 from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.weights import Nvfp4MoeWeights
 
 
 @pytest.mark.parametrize(
@@ -73,6 +74,7 @@ def test_dense_path_matches_reference(num_tokens, top_k, remote_fraction, w13_or
         got = nvfp4_fused_moe(*dev_args, w13_order=w13_order)
     else:
         out = torch.empty_like(x)
-        got = prefill.dense_moe(*dev_args, inter=inter, gate_row0=0 if w13_order == "gate_up" else inter, out=out)
+        bundle = Nvfp4MoeWeights.build(*dev_args[1:7], w13_order=w13_order)
+        got = prefill.dense_moe(dev_args[0], bundle, *dev_args[7:], out=out)
     err = (got.cpu().double() - want).norm() / want.norm()
     assert err < 1e-2, f"relative error {err:.2e}"

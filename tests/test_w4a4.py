@@ -106,7 +106,9 @@ KERNEL_CASES = [
 def test_kernels_match_the_emulation_in_the_interpreter(case, config, gen):
     x, args, weights, ids, a1, a2, _ = _problem(case, gen)
     want = w4a4.nvfp4_fused_moe_w4a4_emulated(x, *args, weights, ids, a1, a2, w13_order=case.w13_order)
-    got = w4a4._run(x, *args, weights, ids, a1, a2, w13_order=case.w13_order, config=config, emulate_dot=True)
+    got = w4a4.nvfp4_fused_moe_w4a4(
+        x, *args, weights, ids, a1, a2, w13_order=case.w13_order, config=config, emulate_dot=True
+    )
     rms, worst = _rel(got.double() - want.double(), want.double())
     print(f"kernels vs emulation: rms {rms:.2e}, max/max {worst:.2e}")
     # A requantized h code can flip at a rounding boundary when the fp32 sums differ in order: a few
@@ -122,11 +124,13 @@ def test_tiles_are_picked_by_tokens_per_global_expert(monkeypatch, gen):
     monkeypatch.setattr(w4a4, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
     case = Case(16, top_k=4, remote_fraction=0.5)  # 64 pairs over 8 local experts of 32
     x, args, weights, ids, a1, a2, _ = _problem(case, gen)
-    w4a4._run(x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True, num_global_experts=32)
-    w4a4._run(x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True)
+    w4a4.nvfp4_fused_moe_w4a4(
+        x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True, num_global_experts=32
+    )
+    w4a4.nvfp4_fused_moe_w4a4(x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True)
     assert seen == [2.0, 8.0]
     with pytest.raises(ValueError, match="num_global_experts: expected an int >= the 8 local experts, got 4"):
-        w4a4._run(
+        w4a4.nvfp4_fused_moe_w4a4(
             x, *args, weights, ids, a1, a2, w13_order="gate_up", config=None, emulate_dot=True, num_global_experts=4
         )
 

@@ -1,0 +1,144 @@
+"""One MoE layer's NVFP4 expert weights as a checked bundle, built once when the weights are loaded.
+
+    E = local experts, H = hidden size, I = intermediate size per expert
+
+The weights never change after loading, so their checks (dtypes, shapes, contiguity, one device) run
+once, in ``Nvfp4MoeWeights.build``; a call of the op checks only what changes per call (the hidden
+states and the routing: ``routing.validate_call``). The SGLang plugin builds the bundle in
+``process_weights_after_loading`` and keeps it on the layer; ``moe.nvfp4_fused_moe`` with loose tensors
+builds one per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+W13_ORDERS = ("gate_up", "up_gate")
+
+
+def check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...]) -> None:
+    """TypeError / ValueError naming ``name``, what was expected and what came; None in a shape is any size."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape, strict=True)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+
+
+def per_expert_scale(scale: torch.Tensor | float, num_experts: int, name: str, device: torch.device) -> torch.Tensor:
+    """A scalar or [E] scale -> [E] fp32, contiguous, on ``device``."""
+    s = torch.as_tensor(scale, dtype=torch.float32, device=device)
+    if s.dim() == 0:
+        return s.expand(num_experts).contiguous()
+    if s.dim() == 1 and s.shape[0] == num_experts:
+        return s.contiguous()
+    raise ValueError(f"{name}: expected a scalar or shape [{num_experts}], got {list(s.shape)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Nvfp4MoeWeights:
+    """The six NVFP4 tensors of a layer's local experts, their w13 row order and, for the W4A4 path, the
+    activation global scales. Build it with ``build`` (which checks); fields are read-only."""
+
+    w13: torch.Tensor  # [E, 2I, H/2] uint8, two e2m1 per byte (element 2i in the low nibble)
+    w13_scale: torch.Tensor  # [E, 2I, H/16] e4m3, linear layout
+    w13_scale_2: torch.Tensor  # [E] or [E, 2] fp32 (gate, up), contiguous
+    w2: torch.Tensor  # [E, H, I/2] uint8
+    w2_scale: torch.Tensor  # [E, H, I/16] e4m3
+    w2_scale_2: torch.Tensor  # [E] fp32, contiguous
+    w13_order: str  # "gate_up": w13 rows are [gate; up]; "up_gate": [up; gate]
+    a1: torch.Tensor | None  # [1] fp32: max of the checkpoint's w13 input scales (W4A4 only), else None
+    a2: torch.Tensor | None  # [E] fp32: the w2 input scales (W4A4 only), else None
+
+    @classmethod
+    def build(
+        cls,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w13_scale_2: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        w2_scale_2: torch.Tensor,
+        *,
+        w13_order: str = "gate_up",
+        w13_input_scale: torch.Tensor | float | None = None,
+        w2_input_scale: torch.Tensor | float | None = None,
+    ) -> Nvfp4MoeWeights:
+        """Check the tensors (TypeError / ValueError naming the argument) and bundle them.
+
+        w13_input_scale: scalar, [E] or [E, 2] fp32 (its max is W4A4's one activation global scale);
+        w2_input_scale: scalar or [E]. Both or neither: they are what the W4A4 path quantizes with.
+        """
+        check_tensor("w13", w13, (torch.uint8,), (None, None, None))
+        num_experts, two_i, half_h = w13.shape
+        hidden = 2 * half_h
+        if hidden <= 0 or hidden % 32:
+            raise ValueError(f"w13: dim 2 must be H/2 with H a positive multiple of 32, got {half_h}")
+        if two_i <= 0 or two_i % 2 or (two_i // 2) % 32:
+            raise ValueError(f"w13: dim 1 must be 2*I with I a positive multiple of 32, got {two_i}")
+        inter = two_i // 2
+        check_tensor("w13_scale", w13_scale, (torch.float8_e4m3fn,), (num_experts, two_i, hidden // 16))
+        if not isinstance(w13_scale_2, torch.Tensor) or w13_scale_2.dim() not in (1, 2):
+            got = list(w13_scale_2.shape) if isinstance(w13_scale_2, torch.Tensor) else type(w13_scale_2).__name__
+            raise ValueError(f"w13_scale_2: expected shape [{num_experts}] or [{num_experts}, 2], got {got}")
+        gate_up = (2,) if w13_scale_2.dim() == 2 else ()
+        check_tensor("w13_scale_2", w13_scale_2, (torch.float32,), (num_experts, *gate_up))
+        check_tensor("w2", w2, (torch.uint8,), (num_experts, hidden, inter // 2))
+        check_tensor("w2_scale", w2_scale, (torch.float8_e4m3fn,), (num_experts, hidden, inter // 16))
+        check_tensor("w2_scale_2", w2_scale_2, (torch.float32,), (num_experts,))
+        for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
+        if w13_order not in W13_ORDERS:
+            raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
+        device = w13.device
+        for name, t in (("w13_scale", w13_scale), ("w13_scale_2", w13_scale_2), ("w2", w2), ("w2_scale", w2_scale),
+                        ("w2_scale_2", w2_scale_2)):  # fmt: skip
+            if t.device != device:
+                raise ValueError(f"{name}: expected device {device} (that of w13), got {t.device}")
+        if (w13_input_scale is None) != (w2_input_scale is None):
+            raise ValueError("w13_input_scale, w2_input_scale: expected both (the W4A4 path needs them) or neither")
+        a1 = a2 = None
+        if w13_input_scale is not None:
+            a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32, device=device).max().reshape(1)
+            a2 = per_expert_scale(w2_input_scale, num_experts, "w2_input_scale", device)
+        return cls(w13, w13_scale, w13_scale_2.contiguous(), w2, w2_scale, w2_scale_2.contiguous(), w13_order, a1, a2)
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def hidden(self) -> int:
+        return self.w13.shape[2] * 2
+
+    @property
+    def inter(self) -> int:
+        return self.w13.shape[1] // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, H, I)."""
+        return self.num_experts, self.hidden, self.inter
+
+    @property
+    def gate_up_rows(self) -> tuple[int, int]:
+        """(first gate row, first up row) of w13."""
+        return (0, self.inter) if self.w13_order == "gate_up" else (self.inter, 0)
+
+    @property
+    def has_input_scales(self) -> bool:
+        return self.a1 is not None
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """The six tensors in the order of the loose-tensor signatures (``nvfp4_fused_moe``, the reference)."""
+        return (self.w13, self.w13_scale, self.w13_scale_2, self.w2, self.w2_scale, self.w2_scale_2)
