@@ -23,6 +23,7 @@ from sglang_glm5.routing import align_pairs_by_expert
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a16
 
 
 def candidates(m: int) -> list[GemmConfig]:
@@ -39,7 +40,7 @@ def candidates(m: int) -> list[GemmConfig]:
 
 def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     """Median ms of each stage of the op with one config: routing sort, gemm1, gemm2, top-k sum."""
-    from sglang_glm5 import moe, routing
+    from sglang_glm5 import routing
 
     x, w13, s13, g13, w2, s2, g2, weights, ids = args
     inter = shape.inter
@@ -52,8 +53,8 @@ def breakdown(shape, args, cfg: GemmConfig) -> dict[str, float]:
     stages = {
         "align": partial(routing.route_pairs, ids, shape.num_experts, cfg.block_m),
         "prepare": partial(routing.prepare_activations, x),
-        "gemm1": partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
-        "gemm2": partial(moe.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
+        "gemm1": partial(w4a16.launch_gemm1, xp, w13, s13, g13, route, h, cfg, shape.top_k, 0, inter, False),
+        "gemm2": partial(w4a16.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, y, cfg, False),
         "sum": partial(routing.sum_over_slots, y, ids, out, shape.num_experts, False),
     }  # fmt: skip
     return {name: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") for name, fn in stages.items()}

@@ -16,9 +16,9 @@ Files: every ``*.json`` in the user's folder ($SGLANG_GLM5_CACHE_DIR/autotune, d
 ~/.cache/sglang_glm5/autotune), then every one shipped in ``sglang_glm5.configs/autotune``
 (``importlib.resources``, so an installed wheel finds them); in each folder the target's own file
 (``NAME.json``) first, then the rest by name. Entries are picked by key, never by file name: earlier
-files win for the same key, the user's over the shipped ones. Then ``tiles.heuristic_config``. A file
+files win for the same key, the user's over the shipped ones. Then the family's heuristic. A file
 that cannot be read, or an entry of this target that is malformed, no longer fits the target's shared
-memory or breaks a rule of the kernels (W4A16: ``tiles.check_w4a16_config``), is reported once and
+memory or breaks a rule of its family's kernels (``KernelVariant.check_config``), is reported once and
 skipped: a cache never stops a server. Writes are locked and atomic, so 8 ranks may tune at once.
 
 Tuning happens offline (``sglang-glm5 tune``), never inside a request.
@@ -36,11 +36,12 @@ from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 
-from sglang_glm5 import tiles
+from sglang_glm5 import variants
 from sglang_glm5._files import cache_dir, read_json, update_json
 from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.shapes import MoeShape
-from sglang_glm5.tiles import KERNEL_REVISION, GemmConfig, MoeConfig
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import KernelVariant
 
 log = logging.getLogger("sglang_glm5.autotune")
 MAX_BUCKET = 4096
@@ -110,10 +111,15 @@ def owners(target: GpuTarget) -> tuple[str, str]:
     return owner(target, measured=True), owner(target, measured=False)
 
 
-def cache_key(target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: Bucket, *, measured: bool) -> str:
-    """The entry's key; ``KERNEL_REVISION`` in it retires entries tuned for an earlier kernel design."""
+def cache_key(
+    target: GpuTarget, kernel: str, enk: tuple[int, int, int], bucket: Bucket, *, measured: bool,
+    variant: KernelVariant | None = None,
+) -> str:  # fmt: skip
+    """The entry's key for a GEMM of a kernel family (default W4A16); the family's revision in it retires
+    entries tuned for an earlier kernel design."""
     e, n, k = enk
-    return f"{owner(target, measured=measured)}|{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
+    field = (variant or variants.get("w4a16")).key_kernel(kernel)
+    return f"{owner(target, measured=measured)}|{field}|E={e},N={n},K={k}|m={bucket}"
 
 
 @dataclass(frozen=True)
@@ -177,21 +183,11 @@ def clear_reports() -> None:
     _reported.clear()
 
 
-def _is_w4a4_key(key: str) -> bool:
-    """Whether a cache key is one of ``w4a4.cache_key``'s (kernel field "w4a4_gemm1.rN" | "w4a4_gemm2.rN")."""
-    fields = key.split("|")
-    return len(fields) > 2 and fields[2].startswith("w4a4_")
-
-
-def _unfit_reason(key: str, entry: Entry, target: GpuTarget) -> str | None:
-    """Why the op could not launch this entry's config on the target; None when it can."""
+def _unfit_reason(entry: Entry, target: GpuTarget) -> str | None:
+    """Why the target could not launch this entry's config (its shared memory); None when it can. The
+    kernels' own rules are the family's (``KernelVariant.check_config``), checked when a lookup reads it."""
     if not target.fits(entry.shared_bytes):
         return f"{entry.shared_bytes} B of shared memory exceeds {target.name}'s {target.shared_per_block} B"
-    if not _is_w4a4_key(key):  # W4A4 entries keep their own rules (sglang_glm5.w4a4)
-        try:
-            tiles.check_w4a16_config(entry.config)  # the W4A16 kernels' own rule, raised on every call otherwise
-        except ValueError as e:
-            return str(e)
     return None
 
 
@@ -201,7 +197,7 @@ def _parse_entry(key: str, raw: object, target: GpuTarget, path: Path) -> Entry 
     except (TypeError, KeyError, ValueError) as e:
         report_once(f"{path}: skipping malformed entry {key!r} ({type(e).__name__}: {e})")
         return None
-    unfit = _unfit_reason(key, entry, target)
+    unfit = _unfit_reason(entry, target)
     if unfit is not None:
         report_once(f"{path}: skipping {key!r}: {unfit}")
         return None
@@ -247,7 +243,7 @@ class ConfigCache:
     heuristic. At each bucket the target's measured entry comes before its architecture's unmeasured one.
     (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
     1.64 ms with the m=16 tiles against 1.17 ms, and the lookup took exact buckets only; see NEAREST_OCTAVES.)
-    The W4A4 entries in the same files are read by ``w4a4.cached_config``, for the exact bucket only.
+    Each kernel family (``variants``) reads its own entries, by the kernel field of their keys.
     """
 
     def __init__(self, target: GpuTarget, paths: Iterable[Path] | None = None):
@@ -258,15 +254,18 @@ class ConfigCache:
             self.entries.update(_load_entries(path, target))
         self._memo: dict[tuple, MoeConfig] = {}
 
-    def lookup(self, shape: MoeShape, tokens_per_expert: float) -> MoeConfig:
-        """The bucket's entry per GEMM; else the entry of the nearest tuned bucket at most
-        ``NEAREST_OCTAVES`` powers of two away (ties go to the larger); else the heuristic."""
+    def lookup(self, shape: MoeShape, tokens_per_expert: float, path: str = "w4a16") -> MoeConfig:
+        """The tiles of a kernel family (``variants.get(path)``) for a call: the bucket's entry per GEMM;
+        else the entry of the nearest tuned bucket at most ``NEAREST_OCTAVES`` powers of two away (ties go
+        to the larger); else the family's heuristic. An entry the family's kernels cannot run
+        (``check_config``) is reported once and passed over."""
         bucket = bucket_of(tokens_per_expert)
-        memo_key = (shape.num_experts, shape.hidden, shape.inter, bucket)
+        memo_key = (path, shape.num_experts, shape.hidden, shape.inter, bucket)
         cfg = self._memo.get(memo_key)
         if cfg is None:
-            fallback = tiles.heuristic_config(tokens_per_expert)
-            found = [self._nearest(k, gemm_shape(k, shape), bucket) for k in tiles.KERNELS]
+            variant = variants.get(path)
+            fallback = variant.heuristic(tokens_per_expert)
+            found = [self._nearest(variant, k, gemm_shape(k, shape), bucket) for k in variant.kernels]
             cfg = MoeConfig(
                 gemm1=found[0].config if found[0] else fallback.gemm1,
                 gemm2=found[1].config if found[1] else fallback.gemm2,
@@ -274,15 +273,22 @@ class ConfigCache:
             self._memo[memo_key] = cfg
         return cfg
 
-    def _nearest(self, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
+    def _nearest(self, variant: KernelVariant, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
         near = [bucket]
         for step in range(1, NEAREST_OCTAVES + 1):
             near += [bucket * 2**step] + ([Fraction(bucket, 2**step)] if bucket / 2**step >= MIN_BUCKET else [])
         for b in (int(b) if b >= 1 else b for b in near):
             for measured in (True, False):
-                entry = self.entries.get(cache_key(self.target, kernel, enk, b, measured=measured))
-                if entry is not None:
-                    return entry
+                key = cache_key(self.target, kernel, enk, b, measured=measured, variant=variant)
+                entry = self.entries.get(key)
+                if entry is None:
+                    continue
+                try:
+                    variant.check_config(entry.config)
+                except ValueError as e:
+                    report_once(f"autotune cache: skipping {key!r}: {e}")
+                    continue
+                return entry
         return None
 
 
@@ -309,22 +315,6 @@ def store(path: Path, target: GpuTarget, items: dict[str, Entry]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The tuner.
-
-
-def search_space(bucket: Bucket) -> list[GemmConfig]:
-    """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes.
-
-    block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
-    warpgroup), so 8 warps only with block_n 128. From the H200 sweep (bench/h200/sweep_r2.log):
-    block_k 512 never won and 2 stages rarely did.
-    """
-    if bucket <= 16:
-        space = itertools.product((16,), (64, 128), (128, 256), (3, 4), (4, 8))
-    elif bucket <= 64:
-        space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
-    else:
-        space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
-    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
 
 
 @dataclass
@@ -424,76 +414,67 @@ def prune(
 
 
 def feasible_candidates(
-    kernel: str, bucket: Bucket, target: GpuTarget, report: TuneReport, compile_check: bool = True
-) -> list[tuple[GemmConfig, int]]:
-    """W4A16 candidates that fit the target, with their shared bytes (compiled, else modelled)."""
-
-    def compiled(configs: list[GemmConfig]) -> list[int | str]:
-        return list(tiles.compiled_shared_bytes_many([(kernel, cfg) for cfg in configs], target))
-
+    kernel: str, bucket: Bucket, target: GpuTarget, report: TuneReport, compile_check: bool = True,
+    *, variant: KernelVariant | None = None,
+) -> list[tuple[GemmConfig, int]]:  # fmt: skip
+    """A family's (default W4A16) candidates that fit the target, with their shared bytes (compiled, else
+    modelled)."""
+    v = variant or variants.get("w4a16")
     return prune(
-        search_space(bucket), target, report,
-        lambda cfg: tiles.model_shared_bytes(kernel, cfg, target), compiled if compile_check else None,
-        lambda cfg: tiles.model_shared_floor(kernel, cfg), report.verdicts_for(kernel),
+        v.search_space(bucket), target, report, lambda cfg: v.model_shared_bytes(kernel, cfg, target),
+        (lambda configs: v.compiled_shared_bytes([(kernel, c) for c in configs], target)) if compile_check else None,
+        (lambda cfg: v.shared_floor(kernel, cfg)) if v.shared_floor else None, report.verdicts_for(kernel),
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class TuneSpace:
-    """What the tuner needs to know about one family of GEMM kernels (W4A16 here, W4A4 in w4a4_tune)."""
-
-    name: str  # for messages: "" or "W4A4 "
-    kernels: tuple[str, ...]
-    key: Callable[[str, int, bool], str]  # (kernel, bucket, measured) -> cache key
-    heuristic: Callable[[float], MoeConfig]
-    search_space: Callable[[int], list[GemmConfig]]
-    fits: Callable[[str, GemmConfig], int | None]  # shared bytes when it fits (model, then compile), else None
-    feasible: Callable[[str, int, TuneReport], list[tuple[GemmConfig, int]]]  # the whole pruned space
-
-
-def run_tuner(
-    space: TuneSpace,
+def tune(
     target: GpuTarget,
+    shape: MoeShape,
     buckets: Iterable[Bucket],
     bench: Bench | None,
-    progress: Callable[[str], None] | None = None,
     *,
+    variant: KernelVariant | None = None,
+    progress: Callable[[str], None] | None = None,
     survey: bool = False,
 ) -> tuple[dict[str, Entry], TuneReport]:
-    """Pick a config per (kernel, bucket). With ``bench`` (the target is the local GPU) every feasible
-    candidate is timed and the fastest kept; a candidate that fails to compile or launch is skipped and
-    counted with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else the
-    fitting candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space);
-    with ``survey`` the whole search space is also pruned for the target (AOT compiles, memoized), so
-    that the report tells how many candidates the target's shared memory rules out."""
+    """Pick a config per (kernel, bucket) of a kernel family (default W4A16) for one layer shape.
+
+    With ``bench`` (the target is the local GPU) every feasible candidate is timed and the fastest kept; a
+    candidate that fails to compile or launch is skipped and counted with the compiler's prunes. Without
+    ``bench``: the heuristic's pick when it fits, else the fitting candidate nearest to it, marked
+    unmeasured (one or two AOT compiles, not the whole space); with ``survey`` the whole search space is
+    also pruned for the target (AOT compiles, memoized), so that the report tells how many candidates the
+    target's shared memory rules out. ValueError when the family does not run on the target.
+    """
     import triton
 
+    v = variant or variants.get("w4a16")
+    if not v.runs_on(target.arch):
+        raise ValueError(f"{v.title} runs only on {v.requires}, got {target.name} ({target.sm})")
     report = TuneReport()
     results: dict[str, Entry] = {}
     say = progress or (lambda _msg: None)
-    for kernel, bucket in itertools.product(space.kernels, buckets):
-        key = space.key(kernel, bucket, bench is not None)
+    for kernel, bucket in itertools.product(v.kernels, buckets):
+        key = cache_key(target, kernel, gemm_shape(kernel, shape), bucket, measured=bench is not None, variant=v)
         if bench is None:
             if survey:
-                space.feasible(kernel, bucket, report)
-            want = getattr(space.heuristic(bucket), kernel)
+                feasible_candidates(kernel, bucket, target, report, variant=v)
+            want = getattr(v.heuristic(bucket), kernel)
             chosen = None
-            for cfg in sorted({want, *space.search_space(bucket)}, key=lambda c: (_distance(c, want), c.label)):
-                shared = space.fits(kernel, cfg)
+            for cfg in sorted({want, *v.search_space(bucket)}, key=lambda c: (_distance(c, want), c.label)):
+                shared = v.fits(kernel, cfg, target)
                 if shared is not None:
                     chosen = (cfg, shared)
                     break
             if chosen is None:
-                raise RuntimeError(
-                    f"no {space.name}config of {kernel} fits {target.name} ({target.shared_per_block} B)"
-                )
+                raise RuntimeError(f"no {v.title} config of {kernel} fits {target.name} ({target.shared_per_block} B)")
             results[key] = Entry(chosen[0], chosen[1], None, triton.__version__)
             say(f"{key}: {chosen[0].label} ({chosen[1]} B, not measured)")
             continue
-        feasible = space.feasible(kernel, bucket, report)
+        feasible = feasible_candidates(kernel, bucket, target, report, variant=v)
         if not feasible:
             raise RuntimeError(
-                f"no {space.name}config of {kernel} fits {target.name} ({target.shared_per_block} B) at m={bucket}"
+                f"no {v.title} config of {kernel} fits {target.name} ({target.shared_per_block} B) at m={bucket}"
             )
         best: tuple[float, GemmConfig, int] | None = None
         failure = ""
@@ -513,41 +494,10 @@ def run_tuner(
                 best = (ms, cfg, shared)
             say(f"{key}: [{i + 1}/{len(feasible)}] {cfg.label} {ms:.4f} ms (best {best[0]:.4f} ms, {best[1].label})")
         if best is None:
-            raise RuntimeError(f"no {space.name}config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
+            raise RuntimeError(f"no {v.title} config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
         ms, cfg, shared = best
         results[key] = Entry(cfg, shared, ms, triton.__version__)
     return results, report
-
-
-def tune(
-    target: GpuTarget,
-    shape: MoeShape,
-    buckets: Iterable[Bucket],
-    bench: Bench | None,
-    *,
-    progress: Callable[[str], None] | None = None,
-    survey: bool = False,
-) -> tuple[dict[str, Entry], TuneReport]:
-    """``run_tuner`` for the W4A16 kernels on one shape."""
-
-    def fits(kernel: str, cfg: GemmConfig) -> int | None:
-        if not target.fits(tiles.model_shared_bytes(kernel, cfg, target)):
-            return None
-        shared = tiles.compiled_shared_bytes(kernel, cfg, target)
-        return shared if target.fits(shared) else None
-
-    space = TuneSpace(
-        name="",
-        kernels=tiles.KERNELS,
-        key=lambda kernel, bucket, measured: cache_key(
-            target, kernel, gemm_shape(kernel, shape), bucket, measured=measured
-        ),  # fmt: skip
-        heuristic=tiles.heuristic_config,
-        search_space=search_space,
-        fits=fits,
-        feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
-    )
-    return run_tuner(space, target, buckets, bench, progress, survey=survey)
 
 
 def _distance(a: GemmConfig, b: GemmConfig) -> tuple:

@@ -81,7 +81,9 @@ def _graph_ms(fn, name: str) -> float | None:
         return None
 
 
-def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = True) -> tuple[list[BenchRow], float]:
+def run(
+    shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = True, op_kwargs: dict | None = None
+) -> tuple[list[BenchRow], float]:
     import triton.testing
 
     from sglang_glm5.moe import nvfp4_fused_moe
@@ -102,9 +104,9 @@ def run(shape: MoeShape, ms: tuple[int, ...], seed: int, with_baselines: bool = 
         weights, ids, tokens = balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
         args = (x, *layer.args(), weights, ids)
-        out = nvfp4_fused_moe(*args)
+        out = nvfp4_fused_moe(*args, **(op_kwargs or {}))
         # As the SGLang plugin calls it: routing ids are valid by construction, no host-side id check.
-        ours = partial(nvfp4_fused_moe, *args, check_ids=False)
+        ours = partial(nvfp4_fused_moe, *args, check_ids=False, **(op_kwargs or {}))
         if i == 0:  # about 2 s of work first, so that the first row is not timed while clocks ramp up
             triton.testing.do_bench(ours, warmup=2000, rep=10)
         t_ours = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
@@ -204,17 +206,18 @@ def kernel_bencher(shape: MoeShape, seed: int):
     """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU, replayed from a
     CUDA graph (decode runs from graphs) of TUNE_ROUTINGS launches, each on its own routing and copy of
     the layer. The copies exceed twice the L2 cache, so a small shape is not timed out of L2. The grid
-    (K splits, block programs) is the op's own for that call (``moe.plan_gemms``).
+    (K splits, block programs) is the op's own for that call (``w4a16.plan_gemms``).
     """
     import triton.testing
 
-    from sglang_glm5 import bench_real, moe, routing
+    from sglang_glm5 import bench_real, routing
     from sglang_glm5.tiles import MoeConfig
+    from sglang_glm5.variants import w4a16
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     layers = rotating_layers(shape, gen)
-    sms = moe.sm_count(torch.cuda.current_device())
+    sms = w4a16.sm_count(torch.cuda.current_device())
     layout = bench_real.Layout("tune", shape.num_experts, shape.hidden, shape.inter, 0)
     inputs: dict = {}
 
@@ -237,14 +240,14 @@ def kernel_bencher(shape: MoeShape, seed: int):
         launches = []
         for i, (x, h, weights, ids) in enumerate(routings(bucket)):
             layer = layers[i % len(layers)]
-            plan = moe.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
+            plan = w4a16.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
                                   shape.hidden, shape.inter, sms)  # fmt: skip
             counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device="cuda")  # kept zero by gemm1
             route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
             if kernel == "gemm1":
                 out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
                 launches.append(partial(
-                    moe.launch_gemm1, x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
+                    w4a16.launch_gemm1, x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
                     0, shape.inter, False, launch=plan.gemm1, counters=counters,
                 ))  # fmt: skip
             else:
@@ -252,7 +255,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
                 size = (split, ids.numel(), shape.hidden) if split > 1 else (ids.numel(), shape.hidden)
                 out = torch.empty(size, dtype=torch.float32 if split > 1 else torch.bfloat16, device="cuda")
                 launches.append(partial(
-                    moe.launch_gemm2, h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route,
+                    w4a16.launch_gemm2, h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route,
                     out, cfg, False, plan.per_program, launch=plan.gemm2,
                 ))  # fmt: skip
 

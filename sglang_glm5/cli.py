@@ -11,17 +11,14 @@ import importlib
 import os
 import sys
 import time
-from fractions import Fraction
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)  # tokens per expert in `bench --routing balanced`
 REAL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 2048, 8192)  # tokens per step in `bench --routing real`
 SELFCHECK_TOKENS = (1, 7, 64)  # `selfcheck` (W4A16); --path w4a4 has its own (w4a4_verify.SELFCHECK_TOKENS)
-# `tune` (W4A16): decode under expert parallelism (fractions: GLM-5 B = 1 .. 16 tokens), then 1 .. 2048;
-# w4a4_tune.TUNE_BUCKETS for W4A4.
-TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PATH_HELP = (
     "w4a16 (default): NVFP4 weights, 16-bit activations, any SM80+ GPU; w4a4: SM12x only, activations "
-    "quantized to NVFP4 with the checkpoint's input scales for the block-scaled FP4 tensor cores (prefill)"
+    "quantized to NVFP4 with the checkpoint's input scales for the block-scaled FP4 tensor cores (prefill); "
+    "dense: sm_90 / sm_100, the weights dequantized once to bf16 and torch grouped GEMMs (prefill, no tiles)"
 )
 
 # Modules that add their own subcommands (each exposes add_cli(subparsers)).
@@ -36,17 +33,27 @@ _COMMAND_MODULES: tuple[str, ...] = (
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
-    """Run the op on a GLM-5-shaped layer and compare it with the float64 reference."""
-    if args.path == "w4a4":
-        from sglang_glm5 import w4a4_verify
+    """Run the op on a GLM-5-shaped layer and compare it with the float64 reference: the family's check."""
+    from sglang_glm5 import variants
 
-        return w4a4_verify.selfcheck_command(args)
+    return variants.resolve(variants.get(args.path).selfcheck)(args)
+
+
+def selfcheck_command(args: argparse.Namespace) -> int:
+    """``selfcheck --path w4a16 | dense``: the op on that path against the float64 reference."""
     import torch
 
     use_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
         print("selfcheck: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
+    if args.path == "dense":
+        from sglang_glm5.prefill import available
+
+        if not use_gpu or not available(torch.device("cuda")):
+            print("selfcheck --path dense: needs a GPU with a native torch._grouped_mm (sm_90 / sm_100)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if not use_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the first kernel import
     from sglang_glm5.moe import nvfp4_fused_moe
@@ -60,14 +67,14 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     mode = torch.cuda.get_device_name() if use_gpu else "CPU, Triton interpreter"
-    print(f"selfcheck: {shape} on {mode}, seed {seed}")
+    print(f"selfcheck --path {args.path}: {shape} on {mode}, seed {seed}")
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, device)
     failures = 0
     for num_tokens in args.tokens or SELFCHECK_TOKENS:
         x = torch.randn(num_tokens, shape.hidden, generator=gen, device=device).bfloat16()
         weights, ids = random_routing(num_tokens, shape.num_experts, shape.top_k, gen, device=device)
         t0 = time.perf_counter()
-        out = nvfp4_fused_moe(x, *layer.args(), weights, ids)
+        out = nvfp4_fused_moe(x, *layer.args(), weights, ids, path=args.path)
         if use_gpu:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
@@ -93,6 +100,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from sglang_glm5.shapes import parse_shape
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    path_kwargs = {} if args.path == "auto" else {"path": args.path}
     if args.routing == "real":
         from sglang_glm5 import bench_real
 
@@ -105,7 +113,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             for skew in args.skew:
                 print(f"bench: {name}, real routing, skew {skew}, seed {seed}\n{bench_real.HEADER}", flush=True)
                 layout = bench_real.LAYOUTS[bench_real.SHAPE_LAYOUTS[name]]
-                rows += bench_real.run(layout, args.batch, seed, skew=skew, baselines=not args.no_baselines)
+                rows += bench_real.run(layout, args.batch, seed, skew=skew, baselines=not args.no_baselines,
+                                       op_kwargs=path_kwargs)  # fmt: skip
         md = bench_real.write_results(Path(args.out), args.name, rows, bench.environment())
         print(f"bench: wrote {md} and {md.with_suffix('.json')}")
         return 0
@@ -115,78 +124,73 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for shape in shapes:
         ms = tuple(m for m in args.m if (m * shape.num_experts) % shape.top_k == 0)
         print(f"bench: {shape}, seed {seed}\n{bench.HEADER}", flush=True)
-        results[shape], bw = bench.run(shape, ms, seed, with_baselines=not args.no_baselines)
+        results[shape], bw = bench.run(shape, ms, seed, with_baselines=not args.no_baselines, op_kwargs=path_kwargs)
     md = bench.write_results(Path(args.out), args.name, results, bw)
     print(f"bench: wrote {md} and {md.with_suffix('.json')}")
     return 0
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    """Pick tile configs for a target GPU: measured on the local GPU, else feasible picks offline."""
-    from sglang_glm5 import autotune
-
-    if args.batch_sizes:  # for both paths: entries are stored and read under power-of-two buckets only
-        asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
-        if asked != args.batch_sizes:
-            print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
-    if args.path == "w4a4":
-        from sglang_glm5 import w4a4_tune
-
-        if args.batch_sizes and min(args.batch_sizes) < 1:
-            print("tune: --path w4a4 tunes prefill sizes: --batch-sizes must be whole tokens per expert (>= 1)",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-
-        return w4a4_tune.tune_command(args)  # it says itself what --target local needs
-    if args.target == "local":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "--target local: torch sees no CUDA GPU here; name the target instead (--target rtx-pro-6000 "
-                "tunes offline: AOT-checked picks, not measured)"
-            )
+    """Pick tile configs of a kernel family (--path) for a target GPU: measured on the local GPU, else
+    feasible picks offline. The same tuner for every family (``autotune.tune`` over ``variants.get``)."""
     from pathlib import Path
 
+    from sglang_glm5 import autotune, variants
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
 
-    target = resolve(args.target)
-    shapes = [parse_shape(s) for s in args.shape]
+    variant = variants.get(args.path)
+    if not variant.kernels:
+        raise ValueError(f"--path {args.path}: {variant.title} has no tiles to tune")
+    if args.batch_sizes:  # entries are stored and read under power-of-two buckets only
+        asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
+        if asked != args.batch_sizes:
+            print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
+        if not variant.decode_buckets and min(args.batch_sizes) < 1:
+            raise ValueError(f"--path {args.path} tunes prefill sizes: --batch-sizes must be whole tokens per "
+                             "expert (>= 1)")  # fmt: skip
+    import torch
+
     local = None
-    if args.target == "local":
-        local = target
-    else:
-        import torch
+    if torch.cuda.is_available():
+        from sglang_glm5.hardware import detect
 
-        if torch.cuda.is_available():
-            from sglang_glm5.hardware import detect
-
-            local = detect()
+        local = detect()
+    if args.target == "local" and local is None:
+        raise ValueError(
+            "--target local: torch sees no CUDA GPU here; name the target instead (--target rtx-pro-6000 "
+            "tunes offline: AOT-checked picks, not measured)"
+        )
+    target = local if args.target == "local" else resolve(args.target)
+    if not variant.runs_on(target.arch):
+        raise ValueError(f"--path {args.path} needs {variant.requires}, got {target.name} ({target.sm})")
     measure = local is not None and local.name == target.name and local.arch == target.arch
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
-    print(f"tune: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
+    print(f"tune --path {args.path}: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
     seed = int.from_bytes(os.urandom(4), "little")
+    buckets = list(args.batch_sizes or variant.tune_buckets)
     total = autotune.TuneReport()
-    for shape in shapes:
-        bench = None
-        if measure:
-            from sglang_glm5.bench import kernel_bencher
-
-            bench = kernel_bencher(shape, seed)
-        buckets = args.batch_sizes or TUNE_BUCKETS
+    rc = 0
+    for shape in [parse_shape(s) for s in args.shape]:
+        bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
         entries, report = autotune.tune(
-            target, shape, buckets, bench, progress=autotune.print_progress, survey=not args.no_survey
-        )
+            target, shape, buckets, bench, variant=variant, progress=autotune.print_progress, survey=not args.no_survey
+        )  # fmt: skip
         autotune.store(out, target, entries)
         total.add(report)
-        print(f"\ntune: {shape}: {len(entries)} entries -> {out}")
-    for line in total.space_lines(target):
+        print(f"\ntune: {shape}: {len(entries)} {variant.title} entries -> {out}")
+        if variant.after_tune:
+            rc = max(rc, variants.resolve(variant.after_tune)(target, shape, entries, buckets, seed, out, measure))
+    for line in total.space_lines(target, f"{variant.title} "):
         print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
-    return 0
+    if args.path == "w4a4":
+        from sglang_glm5.w4a4_select import clear_memo
+
+        clear_memo()
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument(
-        "--path", choices=("w4a16", "w4a4"), default="w4a16",
+        "--path", choices=("w4a16", "w4a4", "dense"), default="w4a16",
         help=f"which kernels to check: {PATH_HELP}. With w4a4 (SM12x GPUs only, exit 2 elsewhere) the W4A4 op "
         "and the W4A16 op both run against the float64 reference (W4A4 within the error bound its NVFP4 "
         "activations imply). It records nothing: `tune --path w4a4` runs the same check before it lets "
@@ -239,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--no-baselines", action="store_true", help="time only our op")
+    p.add_argument(
+        "--path", choices=("auto", "w4a16", "w4a4", "dense"), default="auto",
+        help="the op's path= (default auto: what a server runs; w4a16, w4a4 or dense pin one family)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -268,11 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--path", choices=("w4a16", "w4a4"), default="w4a16",
-        help=f"which kernels to tune: {PATH_HELP}. With w4a4 the target must be SM12x (exit 2 otherwise); on "
-        "such a local GPU it benchmarks the W4A4 tiles, measures the threshold (the smallest tokens per expert "
-        "from which W4A4 beats W4A16) and checks W4A4 with its tiles against the float64 reference: only on a "
-        "pass does it store the threshold, which lets path='auto' take W4A4 (exit 1 on a failure); offline it "
-        "stores AOT-checked picks, marked measured: false, and no threshold",
+        help=f"which kernels to tune: {PATH_HELP.split('; dense')[0]}. With w4a4 the target must be SM12x "
+        "(exit 2 otherwise); on such a local GPU it benchmarks the W4A4 tiles, measures the threshold (the "
+        "smallest tokens per expert from which W4A4 beats W4A16) and checks W4A4 with its tiles against the "
+        "float64 reference: only on a pass does it store the threshold, which lets path='auto' take W4A4 "
+        "(exit 1 on a failure); offline it stores AOT-checked picks, marked measured: false, and no threshold",
     )  # fmt: skip
     p.set_defaults(func=_cmd_tune)
 

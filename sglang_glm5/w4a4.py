@@ -137,7 +137,7 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
     from sglang_glm5 import autotune
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, num_experts, hidden, inter, autotune.m_bucket(tokens_per_expert))
+    key = (index, num_experts, hidden, inter, autotune.bucket_of(tokens_per_expert))
     cfg = _picked.get(key)
     if cfg is None:
         from sglang_glm5.hardware import detect
@@ -147,7 +147,7 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
         if cache is None:
             cache = _caches[index] = autotune.ConfigCache(detect(index))
         shape = MoeShape(num_experts, hidden, inter)
-        cfg = _picked[key] = cached_config(cache, shape, tokens_per_expert, heuristic_config(tokens_per_expert))
+        cfg = _picked[key] = cache.lookup(shape, tokens_per_expert, "w4a4")
     return cfg
 
 
@@ -397,37 +397,12 @@ def nvfp4_fused_moe_w4a4(
 # The W4A4 side of the autotune cache. W4A4 tiles live in the same files as the W4A16 ones, as
 # ``autotune.Entry`` values under "entries", with keys in ``autotune.cache_key``'s format (same owners:
 # measured per device, unmeasured per architecture and shared memory) for kernels "w4a4_gemm1" |
-# "w4a4_gemm2" and W4A4's own KERNEL_REVISION (a new W4A16 design does not retire W4A4 tiles). The tokens
-# per expert from which resolve_path("auto") picks W4A4, measured by a passing ``tune --path w4a4``, sit in
-# the file's top-level "w4a4_threshold" object, keyed by GPU and layer shape (never in "entries", whose
-# values are configs). The W4A4 tuner,
-# which prunes and stores through ``sglang_glm5.autotune``, is ``sglang_glm5.w4a4_tune``.
+# "w4a4_gemm2" and W4A4's own KERNEL_REVISION (``variants.w4a4``: a new W4A16 design does not retire W4A4
+# tiles). The tokens per expert from which resolve_path("auto") picks W4A4, measured by a passing
+# ``tune --path w4a4`` (``sglang_glm5.w4a4_tune.after_tune``), sit in the file's top-level
+# "w4a4_threshold" object, keyed by GPU and layer shape (never in "entries", whose values are configs).
 
 THRESHOLD_KEY = "w4a4_threshold"
-
-
-def cache_key(target, kernel: str, shape, bucket: int, *, measured: bool) -> str:
-    """The autotune cache key of a W4A4 tile (target: a hardware.GpuTarget; shape: a MoeShape)."""
-    from sglang_glm5 import autotune
-
-    e, n, k = autotune.gemm_shape(kernel, shape)
-    return f"{autotune.owner(target, measured=measured)}|w4a4_{kernel}.r{KERNEL_REVISION}|E={e},N={n},K={k}|m={bucket}"
-
-
-def cached_config(cache, shape, tokens_per_expert: float, fallback: MoeConfig) -> MoeConfig:
-    """The W4A4 entries of an ``autotune.ConfigCache`` for this shape and bucket (the target's measured
-    entry, else its architecture's unmeasured one); ``fallback`` for the missing ones."""
-    from sglang_glm5 import autotune
-
-    bucket = autotune.m_bucket(tokens_per_expert)
-    found = []
-    for k in KERNELS:
-        keys = (cache_key(cache.target, k, shape, bucket, measured=m) for m in (True, False))
-        found.append(next((cache.entries[key] for key in keys if key in cache.entries), None))
-    return MoeConfig(
-        gemm1=found[0].config if found[0] else fallback.gemm1,
-        gemm2=found[1].config if found[1] else fallback.gemm2,
-    )
 
 
 def threshold_key(target, shape) -> str:

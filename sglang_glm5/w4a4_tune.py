@@ -1,9 +1,9 @@
-"""``sglang-glm5 tune --path w4a4``: W4A4 tiles and the tokens per expert from which W4A4 beats W4A16.
+"""``sglang-glm5 tune --path w4a4``: W4A4's search space and benchmarks, and the tokens per expert from
+which W4A4 beats W4A16.
 
-The W4A16 tuner's machinery (``sglang_glm5.autotune``: Entry, TuneReport, the cache file and store(),
-pruning by a shared-memory model and then by Triton's AOT compile for the target before any benchmark),
-with W4A4's own kernels, search space (``search_space``) and shared-memory model
-(``w4a4.model_shared_bytes``). On an SM12x GPU of the target's kind it benchmarks the feasible tiles,
+The tuner is ``autotune.tune`` over the W4A4 record (``variants.w4a4``): pruning by W4A4's shared-memory
+model and then by Triton's AOT compile for the target before any benchmark. On an SM12x GPU of the
+target's kind it benchmarks the feasible tiles (``kernel_bencher``); ``after_tune``
 then times the whole W4A4 op against W4A16 per bucket, checks W4A4 with the picked tiles against the
 float64 reference from the threshold up, and only on a pass stores the threshold
 (``threshold_from_timings``) that ``w4a4_select.resolve_path("auto")`` reads. Offline it stores
@@ -14,16 +14,13 @@ Nothing here has run on SM120 hardware.
 from __future__ import annotations
 
 import itertools
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from sglang_glm5 import autotune, nvfp4, w4a4
-from sglang_glm5.autotune import Bench, Entry, TuneReport
-from sglang_glm5.hardware import GpuTarget, runs_w4a4
-from sglang_glm5.shapes import MoeShape
+from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 TUNE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens per expert; W4A4 is for prefill
@@ -33,11 +30,6 @@ TUNE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens per expert; W4A
 # The tuner.
 
 
-def _require_sm12x(target: GpuTarget) -> None:
-    if not runs_w4a4(target.arch):
-        raise ValueError(f"W4A4 runs only on SM12x targets (rtx-pro-6000, sm120, ...), got {target.name} ({target.sm})")
-
-
 def search_space(bucket: int) -> list[GemmConfig]:
     """W4A4 candidates: prefill tiles; block_k 128 or 256 = two or four m16n8k64 FP4 mma steps."""
     block_ms = (32, 64) if bucket <= 64 else (64, 128)
@@ -45,50 +37,6 @@ def search_space(bucket: int) -> list[GemmConfig]:
         GemmConfig(bm, bn, bk, warps, stages)
         for bm, bn, bk, stages, warps in itertools.product(block_ms, (64, 128), (128, 256), (2, 3, 4), (4, 8))
     ]
-
-
-def _w4a4_fits(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int | None:
-    """Compiled shared bytes when the config fits the target by the model and by the compiler, else None."""
-    if not target.fits(w4a4.model_shared_bytes(kernel, cfg)):
-        return None
-    (shared,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], target.arch)
-    return shared if isinstance(shared, int) and target.fits(shared) else None
-
-
-def feasible_candidates(
-    kernel: str, bucket: int, target: GpuTarget, report: TuneReport
-) -> list[tuple[GemmConfig, int]]:
-    """W4A4 candidates that fit the target: pruned by the model first, then by the AOT compile (or its error)."""
-    return autotune.prune(
-        search_space(bucket), target, report,
-        lambda cfg: w4a4.model_shared_bytes(kernel, cfg),
-        lambda configs: w4a4.compiled_shared_bytes_many([(kernel, cfg) for cfg in configs], target.arch),
-        verdicts=report.verdicts_for(kernel),
-    )  # fmt: skip
-
-
-def tune(
-    target: GpuTarget,
-    shape: MoeShape,
-    buckets: Iterable[int],
-    bench: Bench | None,
-    *,
-    progress: Callable[[str], None] | None = None,
-    survey: bool = False,
-) -> tuple[dict[str, Entry], TuneReport]:
-    """``autotune.run_tuner`` for the W4A4 kernels (SM12x targets only). A candidate that fails to compile
-    or launch on the GPU (never run on SM120 before) is skipped and counted, not fatal."""
-    _require_sm12x(target)
-    space = autotune.TuneSpace(
-        name="W4A4 ",
-        kernels=w4a4.KERNELS,
-        key=lambda kernel, bucket, measured: w4a4.cache_key(target, kernel, shape, bucket, measured=measured),
-        heuristic=w4a4.heuristic_config,
-        search_space=search_space,
-        fits=lambda kernel, cfg: _w4a4_fits(kernel, cfg, target),
-        feasible=lambda kernel, bucket, report: feasible_candidates(kernel, bucket, target, report),
-    )
-    return autotune.run_tuner(space, target, buckets, bench, progress, survey=survey)
 
 
 def threshold_from_timings(timings: dict[int, tuple[float, float]]) -> int | None:
@@ -207,77 +155,40 @@ def check_tiles(shape, picked: dict[int, MoeConfig], buckets: list[int], seed: i
 
 
 # ---------------------------------------------------------------------------------------------
-# The command.
+# What `tune --path w4a4` does after storing the tiles.
 
 
-def _not_sm12x(got: str) -> int:
-    print(f"sglang-glm5 tune --path w4a4: needs an SM12x GPU (RTX PRO 6000, RTX 50xx), got {got}", file=sys.stderr)
-    return 2
+def after_tune(target: GpuTarget, shape, entries: dict, buckets: list, seed: int, out: Path, measure: bool) -> int:
+    """On the GPU (``measure``): time the whole W4A4 op against W4A16 with the picked tiles, find the
+    threshold, check W4A4 against float64 from it up, and store it only on a pass (exit code 1 on a
+    failure). Offline: no threshold, so path='auto' stays on W4A16 until this runs on the GPU."""
+    if not measure:
+        print(f"\ntune: {shape}: no threshold (not measured): path='auto' takes W4A4 only after this command "
+              "ran on the GPU that serves")  # fmt: skip
+        return 0
+    from sglang_glm5.variants import get
 
-
-def tune_command(args) -> int:
-    """``sglang-glm5 tune --path w4a4``: W4A4 tiles and the W4A4-over-W4A16 threshold, into the user cache
-    (or --out). On a local GPU of the target's kind: measured tiles, the threshold from timing both ops,
-    stored only when W4A4 with those tiles passes its check against float64 (exit 1 otherwise). Offline:
-    AOT-checked heuristic tiles, marked measured: false, and no threshold. Exit 2 for a non-SM12x target
-    or --target local off SM12x."""
-    import os
-
-    from sglang_glm5.hardware import detect, resolve, w4a4_problem
-    from sglang_glm5.shapes import parse_shape
-    from sglang_glm5.w4a4_select import clear_memo
-
-    local_problem = w4a4_problem(torch.device("cuda"))
-    if args.target == "local" and local_problem is not None:
-        return _not_sm12x(local_problem)
-    target = resolve(args.target)
-    if not runs_w4a4(target.arch):
-        return _not_sm12x(f"target {target.name} ({target.sm})")
-    shapes = [parse_shape(s) for s in args.shape]
-    local = detect() if local_problem is None else None
-    measure = local is not None and local.name == target.name and local.arch == target.arch
-    out = Path(args.out) if args.out else autotune.user_cache_path(target)
-    buckets = list(args.batch_sizes or TUNE_BUCKETS)
-    mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): AOT-checked picks, not measured"
-    print(f"tune --path w4a4: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
-    seed = int.from_bytes(os.urandom(4), "little")
-    total = TuneReport()
-    rc = 0
-    for shape in shapes:
-        entries, report = tune(
-            target, shape, buckets, kernel_bencher(shape, seed) if measure else None, progress=autotune.print_progress,
-            survey=not args.no_survey,
-        )  # fmt: skip
-        autotune.store(out, target, entries)
-        total.add(report)
-        if not measure:
-            print(f"\ntune: {shape}: {len(entries)} W4A4 entries (not measured) -> {out}; no threshold: path='auto' "
-                  "takes W4A4 only after this command ran on the GPU that serves")  # fmt: skip
-            continue
-        picked = {b: MoeConfig(*(entries[w4a4.cache_key(target, k, shape, b, measured=True)].config
-                                 for k in w4a4.KERNELS)) for b in buckets}  # fmt: skip
-        timings = {}
-        run = op_bencher(shape, seed)
-        for bucket in buckets:
-            timings[bucket] = run(bucket, picked[bucket])
-            print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
-        threshold = threshold_from_timings(timings)
-        if threshold is None:
-            w4a4.store_threshold(out, target, shape, None, timings)
-            print(f"\ntune: {shape}: W4A4 never faster here; path='auto' stays on W4A16 -> {out}")
-            continue
-        failed = check_tiles(shape, picked, [b for b in buckets if b >= threshold], seed)
-        if failed:
-            print(f"\ntune: {shape}: W4A4 FAILED its check against the float64 reference; no threshold stored, "
-                  "path='auto' stays on W4A16")  # fmt: skip
-            rc = 1
-            continue
-        w4a4.store_threshold(out, target, shape, threshold, timings)
-        print(f"\ntune: {shape}: {len(entries)} W4A4 entries; checked against float64; auto picks W4A4 from "
-              f"{threshold} tokens per expert (measured) -> {out}")  # fmt: skip
-    for line in total.space_lines(target, "W4A4 "):
-        print(f"tune: {line}")
-    if measure:
-        print(f"tune: {total.summary()}")
-    clear_memo()
-    return rc
+    variant = get("w4a4")
+    picked = {}
+    for b in buckets:
+        keys = [autotune.cache_key(target, k, autotune.gemm_shape(k, shape), b, measured=True, variant=variant)
+                for k in variant.kernels]  # fmt: skip
+        picked[b] = MoeConfig(*(entries[key].config for key in keys))
+    timings = {}
+    run = op_bencher(shape, seed)
+    for bucket in buckets:
+        timings[bucket] = run(bucket, picked[bucket])
+        print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
+    threshold = threshold_from_timings(timings)
+    if threshold is None:
+        w4a4.store_threshold(out, target, shape, None, timings)
+        print(f"\ntune: {shape}: W4A4 never faster here; path='auto' stays on W4A16 -> {out}")
+        return 0
+    if check_tiles(shape, picked, [b for b in buckets if b >= threshold], seed):
+        print(f"\ntune: {shape}: W4A4 FAILED its check against the float64 reference; no threshold stored, "
+              "path='auto' stays on W4A16")  # fmt: skip
+        return 1
+    w4a4.store_threshold(out, target, shape, threshold, timings)
+    print(f"\ntune: {shape}: W4A4 checked against float64; auto picks it from {threshold} tokens per expert "
+          f"(measured) -> {out}")  # fmt: skip
+    return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -9,7 +10,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from sglang_glm5 import autotune, tiles, w4a4
+from sglang_glm5 import autotune, tiles, variants
 from sglang_glm5.autotune import ConfigCache, Entry, cache_key, gemm_shape, m_bucket
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.moe import nvfp4_fused_moe
@@ -17,6 +18,7 @@ from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 SM120 = TARGETS["rtx-pro-6000"]
 SHAPE = MoeShape(num_experts=4, hidden=64, inter=32, top_k=2)
@@ -72,8 +74,8 @@ def test_decode_lookups_borrow_only_decode_buckets_nearby(tmp_path):
     assert cache.lookup(SHAPE, 1 / 4).gemm1 == decode
     assert cache.lookup(SHAPE, 1 / 2).gemm1 == busy
     assert cache.lookup(SHAPE, 1).gemm1 == busy
-    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == tiles.heuristic_config(1 / 32)
-    assert tiles.heuristic_config(1 / 32) != tiles.heuristic_config(1)
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == w4a16.heuristic_config(1 / 32)
+    assert w4a16.heuristic_config(1 / 32) != w4a16.heuristic_config(1)
 
 
 def test_tune_takes_fractional_batch_sizes_and_w4a4_refuses_them(tmp_path, capsys):
@@ -95,7 +97,7 @@ def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     autotune.store(user, SM120, {_key("gemm1", 1): _entry(SMALL)})
     cfg = ConfigCache(SM120, [user, shipped]).lookup(SHAPE, 1)
     assert cfg.gemm1 == SMALL and cfg.gemm2 == other
-    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == tiles.heuristic_config(1)
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == w4a16.heuristic_config(1)
 
 
 def test_untuned_bucket_takes_the_nearest_tuned_one_then_the_heuristic(tmp_path):
@@ -108,9 +110,9 @@ def test_untuned_bucket_takes_the_nearest_tuned_one_then_the_heuristic(tmp_path)
     assert cache.lookup(SHAPE, 4).gemm1 == SMALL  # two away: still the nearest
     assert cache.lookup(SHAPE, 32).gemm1 == other  # a tie between 16 and 64 goes to the larger
     assert cache.lookup(SHAPE, 256).gemm1 == other
-    assert cache.lookup(SHAPE, 512) == tiles.heuristic_config(512)  # three away from 64: too far
-    assert cache.lookup(SHAPE, 2) == tiles.heuristic_config(2)
-    assert cache.lookup(SHAPE, 16).gemm2 == tiles.heuristic_config(16).gemm2  # no gemm2 entry at all
+    assert cache.lookup(SHAPE, 512) == w4a16.heuristic_config(512)  # three away from 64: too far
+    assert cache.lookup(SHAPE, 2) == w4a16.heuristic_config(2)
+    assert cache.lookup(SHAPE, 16).gemm2 == w4a16.heuristic_config(16).gemm2  # no gemm2 entry at all
 
 
 def _run_op_with(cache: ConfigCache, gen) -> None:
@@ -132,7 +134,7 @@ def test_truncated_file_is_reported_once_and_skipped_then_repaired(tmp_path, cap
         cache = ConfigCache(SM120, [path])
         ConfigCache(SM120, [path])
     assert sum("not valid JSON" in r.message for r in caplog.records) == 1
-    assert cache.lookup(SHAPE, 2) == tiles.heuristic_config(2)
+    assert cache.lookup(SHAPE, 2) == w4a16.heuristic_config(2)
     _run_op_with(cache, gen)
     autotune.store(path, SM120, {_key("gemm2", 2): _entry(SMALL)})  # a write repairs the file
     assert set(json.loads(path.read_text())["entries"]) == {_key("gemm2", 2)}
@@ -158,17 +160,19 @@ def test_w4a16_entry_with_block_k_below_64_is_reported_once_and_skipped(tmp_path
     shallow = GemmConfig(16, 32, 32, 2, 2)
     with pytest.raises(ValueError, match="block_k must be >= 64"):  # what the op does with it
         _run_op_with(_FixedCache(tiles.MoeConfig(shallow, SMALL)), gen)
-    w4a4_key = w4a4.cache_key(SM120, "gemm1", SHAPE, 2, measured=True)  # W4A4 entries keep their own rules
-    entries = {_key("gemm1", 2): _entry(shallow), _key("gemm2", 2): _entry(SMALL), w4a4_key: _entry(SMALL)}
+    # The same config as a W4A4 entry: that family has no such rule, so it stays readable there.
+    w4a4_key = cache_key(SM120, "gemm1", gemm_shape("gemm1", SHAPE), 2, measured=True, variant=variants.get("w4a4"))
+    entries = {_key("gemm1", 2): _entry(shallow), _key("gemm2", 2): _entry(SMALL), w4a4_key: _entry(shallow)}
     autotune.store(path, SM120, entries)
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
         cache = ConfigCache(SM120, [path])
-        ConfigCache(SM120, [path])
-    assert set(cache.entries) == {_key("gemm2", 2), w4a4_key}
+        want = tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, SMALL)
+        for _ in range(2):  # a second cache (another device) reads it again: still reported once
+            assert ConfigCache(SM120, [path]).lookup(SHAPE, 2) == want
+        assert cache.lookup(SHAPE, 2, "w4a4").gemm1 == shallow
     assert (
         sum(f"skipping {_key('gemm1', 2)!r}: config: block_k must be >= 64" in r.message for r in caplog.records) == 1
     )
-    assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(tiles.heuristic_config(2).gemm1, SMALL)
     _run_op_with(cache, gen)
 
 
@@ -194,21 +198,17 @@ def test_batch_sizes_are_rounded_to_the_buckets_lookups_read(tmp_path, capsys):
 
 
 def test_both_tune_paths_get_the_rounded_buckets(monkeypatch, tmp_path):
-    """Rounded once, in the tune command, for W4A16 and W4A4 alike: deduplicated and ascending."""
-    from sglang_glm5 import w4a4_tune
+    """Rounded once, in the tune command, for W4A16 and W4A4 alike (one tuner over the family's record):
+    deduplicated and ascending."""
     from sglang_glm5.cli import main
 
     seen = {}
 
-    def recorder(path):
-        def tune(target, shape, buckets, bench, **kwargs):
-            seen[path] = list(buckets)
-            return {}, autotune.TuneReport()
+    def tune(target, shape, buckets, bench, *, variant, **kwargs):
+        seen[variant.name] = list(buckets)
+        return {}, autotune.TuneReport()
 
-        return tune
-
-    monkeypatch.setattr(autotune, "tune", recorder("w4a16"))
-    monkeypatch.setattr(w4a4_tune, "tune", recorder("w4a4"))
+    monkeypatch.setattr(autotune, "tune", tune)
     for path in ("w4a16", "w4a4"):
         argv = ["tune", "--path", path, "--shape", "4,64,32", "--batch-sizes", "100,3,128,4,5000"]
         assert main([*argv, "--out", str(tmp_path / "out.json")]) == 0
@@ -237,16 +237,16 @@ def test_two_processes_writing_at_once_keep_every_entry(tmp_path):
 
 def test_tuner_never_benchmarks_an_infeasible_config(monkeypatch):
     space = [SMALL, GemmConfig(16, 64, 64, 4, 4), TOO_BIG_FOR_SM120, GemmConfig(128, 128, 256, 8, 4)]
-    monkeypatch.setattr(autotune, "search_space", lambda bucket: space)
+    variant = dataclasses.replace(variants.get("w4a16"), search_space=lambda bucket: space)
     calls = []
 
     def fake_bench(kernel, cfg, bucket):
-        shared = tiles.compiled_shared_bytes(kernel, cfg, SM120)
+        shared = w4a16.compiled_shared_bytes(kernel, cfg, SM120)
         assert SM120.fits(shared), f"benchmarked {cfg.label}: {shared} B does not fit sm_120"
         calls.append((kernel, cfg))
         return 1.0 / cfg.block_n  # the widest feasible tile wins
 
-    entries, report = autotune.tune(SM120, SHAPE, [1], fake_bench)
+    entries, report = autotune.tune(SM120, SHAPE, [1], fake_bench, variant=variant)
     assert report.candidates == 8 and report.pruned == 4 and report.benchmarked == 4 == len(calls)
     assert report.pruned_by_model >= 2  # the 256-deep tile never reaches the compiler
     assert entries[_key("gemm1", 1)].config == GemmConfig(16, 64, 64, 4, 4)
@@ -268,25 +268,25 @@ def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
     h200 = resolve("h200")
     loose, hopeless = GemmConfig(32, 128, 256, 4, 3), GemmConfig(128, 128, 512, 8, 4)
-    assert not h200.fits(tiles.model_shared_bytes("gemm1", loose, h200))
-    assert h200.fits(tiles.model_shared_floor("gemm1", loose))
-    assert not h200.fits(tiles.model_shared_floor("gemm1", hopeless))
+    assert not h200.fits(w4a16.model_shared_bytes("gemm1", loose, h200))
+    assert h200.fits(w4a16.model_shared_floor("gemm1", loose))
+    assert not h200.fits(w4a16.model_shared_floor("gemm1", hopeless))
     compiled = []
 
     def compiler(configs):
         compiled.extend(configs)
-        return tiles.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
+        return w4a16.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
 
     report = autotune.TuneReport()
     kept = autotune.prune(
-        [loose, hopeless], h200, report, lambda c: tiles.model_shared_bytes("gemm1", c, h200), compiler,
-        lambda c: tiles.model_shared_floor("gemm1", c),
+        [loose, hopeless], h200, report, lambda c: w4a16.model_shared_bytes("gemm1", c, h200), compiler,
+        lambda c: w4a16.model_shared_floor("gemm1", c),
     )  # fmt: skip
     assert compiled == [loose] and report.pruned_by_model == 1
     assert [cfg for cfg, _ in kept] == [loose] and h200.fits(kept[0][1])
     # Without the compiler the upper bound decides alone.
     report = autotune.TuneReport()
-    assert autotune.prune([loose], h200, report, lambda c: tiles.model_shared_bytes("gemm1", c, h200), None) == []
+    assert autotune.prune([loose], h200, report, lambda c: w4a16.model_shared_bytes("gemm1", c, h200), None) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def test_measured_entry_wins_at_its_bucket_and_old_unmeasured_keys_are_still_rea
     autotune.store(path, SM120, {_key("gemm2", 4): _entry(SMALL)})  # a measured gemm2 entry
     assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(other, SMALL)
     server = TARGETS["rtx-pro-6000-server"]  # the arch entry is shared, the device ones are not
-    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(tiles.heuristic_config(4).gemm1, other)
+    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(w4a16.heuristic_config(4).gemm1, other)
 
 
 def test_a_target_reads_its_architectures_entries_from_any_file_and_its_own_file_first(isolated_cache):
@@ -363,18 +363,18 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
 
     assert main(["tune", "--target", "rtx-pro-6000", "--shape", "4,64,32", "--batch-sizes", "1"]) == 0
     out = capsys.readouterr().out
-    space = autotune.search_space(1)
-    for kernel in tiles.KERNELS:
-        shared = dict(zip(space, tiles.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True))
+    space = w4a16.search_space(1)
+    for kernel in w4a16.KERNELS:
+        shared = dict(zip(space, w4a16.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True))
         fit = {c: b for c, b in shared.items() if SM120.fits(b)}
         assert 0 < len(fit) < len(space), "the test needs a space that the shared memory cuts"
         largest = max(fit, key=lambda c: (c.block_m * c.block_n * c.block_k, c.num_stages, fit[c], c.label))
-        line = next(line for line in out.splitlines() if line.startswith(f"tune: {kernel}: "))
-        head = f"tune: {kernel}: {len(space)} candidates, "
+        line = next(line for line in out.splitlines() if line.startswith(f"tune: W4A16 {kernel}: "))
+        head = f"tune: W4A16 {kernel}: {len(space)} candidates, "
         tail = (f" by the compiler for rtx-pro-6000 (sm_120, 101376 B per block), {len(fit)} fit; "
                 f"largest feasible tile {largest.label} ({fit[largest]} B)")  # fmt: skip
         assert line.startswith(head) and line.endswith(tail), line
         by_model, by_compiler = (int(w) for w in line[len(head) : -len(tail)].split() if w.isdigit())
         # The model's floor rules out what cannot fit at any rate; the compiler the rest of the misfits.
-        assert by_model == sum(not SM120.fits(tiles.model_shared_floor(kernel, c)) for c in space)
+        assert by_model == sum(not SM120.fits(w4a16.model_shared_floor(kernel, c)) for c in space)
         assert by_compiler == len(space) - len(fit) - by_model

@@ -1,9 +1,9 @@
 """The package's import graph, read with ``ast``: no import cycles, no cross-module use of private names.
 
 Every ``import`` counts, at module level or inside a function: a lazy import only hides a cycle.
-Modules: ``sglang_glm5/``, and ``kernels/``, ``patches/``, ``loadtest/``, ``configs/`` as installed
-under ``sglang_glm5.*`` (pyproject's package-dir). A private name is one with a leading underscore
-(not a dunder), imported from another module of the package (``from m import _x``) or read from a
+Modules: ``sglang_glm5/`` (with ``sglang_glm5/variants/``), and ``kernels/``, ``patches/``, ``loadtest/``,
+``configs/`` as installed under ``sglang_glm5.*`` (pyproject's package-dir). A private name is one with a
+leading underscore (not a dunder), imported from another module of the package (``from m import _x``) or read from a
 module bound by an import (``m._x``); a private module (``sglang_glm5._files``) is the package's own
 and may be imported by its modules.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "sglang_glm5": "sglang_glm5",
+    "sglang_glm5/variants": "sglang_glm5.variants",
     "kernels": "sglang_glm5.kernels",
     "patches": "sglang_glm5.patches",
     "loadtest": "sglang_glm5.loadtest",
@@ -127,8 +128,10 @@ def test_the_graph_sees_the_whole_package():
     """Guards the reader itself: it finds the modules and the imports between them."""
     some = {"sglang_glm5.moe", "sglang_glm5.kernels.nvfp4_moe", "sglang_glm5.patches", "sglang_glm5.loadtest.cli"}
     assert some <= set(GRAPH)
-    assert "sglang_glm5.kernels.nvfp4_moe" in GRAPH["sglang_glm5.moe"]  # `from sglang_glm5.kernels import nvfp4_moe`
-    assert "sglang_glm5.hardware" in GRAPH["sglang_glm5.tiles"]  # `from sglang_glm5.hardware import ...`
+    # `from sglang_glm5.kernels import nvfp4_moe`, `from sglang_glm5.variants import w4a16` (a subpackage)
+    assert "sglang_glm5.kernels.nvfp4_moe" in GRAPH["sglang_glm5.variants.w4a16"]
+    assert "sglang_glm5.variants.w4a16" in GRAPH["sglang_glm5.moe"]
+    assert "sglang_glm5.hardware" in GRAPH["sglang_glm5.autotune"]  # `from sglang_glm5.hardware import ...`
     assert "sglang_glm5.patches.guard" in GRAPH["sglang_glm5.doctor"]  # a function-level import
 
 

@@ -12,6 +12,7 @@ from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_m
 from sglang_glm5.routing import align_pairs_by_expert
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a16
 
 
 @dataclass(frozen=True)
@@ -271,11 +272,9 @@ def test_check_ids_off_drops_out_of_range_ids_without_a_sync(gen, device):
 def test_num_global_experts_sets_tokens_per_expert(gen, device, monkeypatch):
     # Under expert parallelism (ids of other ranks' experts are -1) the tile choice must use
     # T * k / global experts, not T * k / local experts: 8x too many under EP8.
-    from sglang_glm5 import moe
-
     seen = []
-    real = moe.pick_config
-    monkeypatch.setattr(moe, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
+    real = w4a16.pick_config
+    monkeypatch.setattr(w4a16, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
     args = _good(gen, device)  # T = 3, k = 2, E = 4 local experts
     nvfp4_fused_moe(**args)
     nvfp4_fused_moe(**args, num_global_experts=32)
@@ -339,7 +338,7 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, de
     # gemm2's multi-tile loop (several N tiles per program, in strides of the program count) does the
     # same arithmetic in the same K order as one tile per program: bit-identical output, every tile
     # written once (7 tiles of 32: uneven splits).
-    from sglang_glm5 import moe, routing
+    from sglang_glm5 import routing
 
     num_experts, hidden, inter, top_k = 4, 224, 128, 2
     layer = random_layer(num_experts, hidden, inter, gen)
@@ -351,12 +350,12 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, de
     outs = []
     for p in (1, per_program):
         y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
-        moe.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=p)
+        w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=p)
         outs.append(y.cpu())
     assert not outs[0].isnan().any()
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ValueError, match="per_program: expected N tiles per program >= 1, got 0"):
-        moe.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=0)
+        w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=0)
 
 
 @pytest.mark.parametrize("text", ["8,0,128", "8,256,0", "0,256,128", "8,48,128"])

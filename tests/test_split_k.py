@@ -1,7 +1,7 @@
 """Split-K and the block-program loop of the W4A16 kernels: decode with few active experts.
 
 At decode a rank under expert parallelism sees a handful of active experts, so the op splits the K
-loop of each GEMM over several programs (``moe.plan_launch``) and sizes the grid for the blocks it
+loop of each GEMM over several programs (``w4a16.plan_launch``) and sizes the grid for the blocks it
 expects rather than for the upper bound. These tests pin the results against the float64 reference,
 bit-identity across runs, and that a split result does not depend on which program finishes last.
 """
@@ -17,6 +17,7 @@ from sglang_glm5 import moe, routing
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,12 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c.num_tokens}-active{c.active}-H{c.hidden}-I{c.inter}")
 def test_op_with_few_active_experts_matches_float64_reference(case, gen, device):
     _, _, _, ids, want, args = _inputs(case, gen, device)
-    sms = moe.sm_count(None if device.type == "cpu" else device.index or 0)
-    cfg = moe.heuristic_config(1)
-    bound = moe.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
+    sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
+    cfg = w4a16.heuristic_config(1)
+    bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     # As under 8-way expert parallelism: the op expects few local blocks from T * k / (8 E) pairs.
-    expected = moe.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
-    launch = moe.plan_launch(case.hidden, cfg.gemm1, -(-case.inter // cfg.gemm1.block_n), bound, min(bound, expected),
+    expected = w4a16.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
+    launch = w4a16.plan_launch(case.hidden, cfg.gemm1, -(-case.inter // cfg.gemm1.block_n), bound, min(bound, expected),
                              sms)  # fmt: skip
     if device.type == "cpu":
         assert launch.splits > 1, "the interpreter's small GPU should make the op split gemm1's K"
@@ -94,22 +95,22 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
     tiles1 = -(-case.inter // cfg.block_n)
 
     def gemm1(n: int) -> torch.Tensor:
-        bound = moe.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
+        bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
         counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
         route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
-        launch = moe.Launch(1, *moe.k_splits(case.hidden, cfg.block_k, n))
+        launch = w4a16.Launch(1, *w4a16.k_splits(case.hidden, cfg.block_k, n))
         h = torch.full((ids.numel(), case.inter), float("nan"), dtype=torch.bfloat16, device=device)
-        moe.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, routing.interpreting(),
+        w4a16.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, routing.interpreting(),
                          launch=launch if n > 1 else None, counters=counters)  # fmt: skip
         return h
 
     def gemm2(n: int, h: torch.Tensor) -> torch.Tensor:
         route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m)
-        launch = moe.Launch(2, *moe.k_splits(case.inter, cfg.block_k, n))
+        launch = w4a16.Launch(2, *w4a16.k_splits(case.inter, cfg.block_k, n))
         n = launch.splits
         shape = (n, ids.numel(), case.hidden) if n > 1 else (ids.numel(), case.hidden)
         y = torch.full(shape, float("nan"), dtype=torch.float32 if n > 1 else torch.bfloat16, device=device)
-        moe.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg, routing.interpreting(),
+        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg, routing.interpreting(),
                          per_program=1, launch=launch)  # fmt: skip
         out = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)
         routing.sum_over_slots(y, ids_d, out, case.num_experts, routing.interpreting())
@@ -130,16 +131,16 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
 def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     # 132 SMs, K = 6144 in steps of 256 (24 steps), 32 N tiles: one active block splits, 64 blocks do not.
     cfg = GemmConfig(16, 128, 256)
-    few = moe.plan_launch(6144, cfg, 32, blocks_bound=9, blocks_expected=1.0, sms=132)
-    many = moe.plan_launch(6144, cfg, 32, blocks_bound=96, blocks_expected=64.0, sms=132)
+    few = w4a16.plan_launch(6144, cfg, 32, blocks_bound=9, blocks_expected=1.0, sms=132)
+    many = w4a16.plan_launch(6144, cfg, 32, blocks_bound=96, blocks_expected=64.0, sms=132)
     assert few.splits > 1 and few.k_per_split % 256 == 0 and few.splits * few.k_per_split >= 6144
     assert (few.splits - 1) * few.k_per_split < 6144, "no split is empty"
     assert many.splits == 1 and many.block_programs == 96
     assert few.block_programs == 4, "twice the expected blocks and two more, within the bound"
-    assert moe.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
+    assert w4a16.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
     fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
-    assert moe.plan_launch(6144, fixed, 32, 96, 64.0, 132) == moe.Launch(96, 5, 1280)
-    assert moe.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
+    assert w4a16.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16.Launch(96, 5, 1280)
+    assert w4a16.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
 
 
 def test_a_launch_with_an_empty_split_is_refused(gen, device):
@@ -150,8 +151,8 @@ def test_a_launch_with_an_empty_split_is_refused(gen, device):
     y = torch.empty(3, ids.numel(), 256, device=device)
     h = torch.randn(ids.numel(), 128, generator=gen).bfloat16().to(device)
     with pytest.raises(ValueError, match="leaves a K split empty"):  # K = 128: two steps, not three
-        moe.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
-                         routing.interpreting(), per_program=1, launch=moe.Launch(1, 3, 64))  # fmt: skip
+        w4a16.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
+                         routing.interpreting(), per_program=1, launch=w4a16.Launch(1, 3, 64))  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_glm5 import tiles
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 SAMPLE = [
     GemmConfig(16, 64, 128, 4, 3),  # the decode heuristic
@@ -29,12 +29,12 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["rtx-pro-6000", "h200"])
-@pytest.mark.parametrize("kernel", tiles.KERNELS)
+@pytest.mark.parametrize("kernel", w4a16.KERNELS)
 def test_model_bounds_the_compiler(target, kernel, fresh_cache):
     t = resolve(target)
     verdicts = []
-    for cfg, compiled in zip(SAMPLE, tiles.compiled_shared_bytes_many([(kernel, c) for c in SAMPLE], t), strict=True):
-        modelled = tiles.model_shared_bytes(kernel, cfg, t)
+    for cfg, compiled in zip(SAMPLE, w4a16.compiled_shared_bytes_many([(kernel, c) for c in SAMPLE], t), strict=True):
+        modelled = w4a16.model_shared_bytes(kernel, cfg, t)
         assert compiled <= modelled, f"{cfg.label} on {t.sm}: model {modelled} B < compiler {compiled} B"
         verdicts.append(t.fits(compiled))
     if target == "rtx-pro-6000":
@@ -43,16 +43,16 @@ def test_model_bounds_the_compiler(target, kernel, fresh_cache):
 
 def test_compiled_shared_bytes_is_memoized_on_disk(fresh_cache):
     cfg, t = SAMPLE[0], TARGETS["rtx-pro-6000"]
-    first = tiles.compiled_shared_bytes("gemm2", cfg, t)
+    first = w4a16.compiled_shared_bytes("gemm2", cfg, t)
     memo = json.loads((fresh_cache / "aot_shared.json").read_text())
     assert list(memo.values()) == [first]
     key = next(iter(memo))
     (fresh_cache / "aot_shared.json").write_text(json.dumps({key: 12345}))
-    assert tiles.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
+    assert w4a16.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
 
 
 def test_sm120_compile_uses_mma_sync_not_wgmma(fresh_cache):
-    asm = tiles.compiled_asm("gemm1", SAMPLE[2], TARGETS["rtx-pro-6000"])
+    asm = w4a16.compiled_asm("gemm1", SAMPLE[2], TARGETS["rtx-pro-6000"])
     assert "mma.sync" in asm["ptx"] and "wgmma" not in asm["ptx"]
     assert ".target sm_120" in asm["ptx"]
 
@@ -67,9 +67,9 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
     assert data["_metadata"]["arch"] == 120 and data["entries"]
     target = TARGETS["rtx-pro-6000"]
     kernels = {key: key.split("|")[2].split(".")[0] for key in data["entries"]}  # "gemm1.r2" -> "gemm1"
-    assert all(key.split("|")[2].endswith(f".r{tiles.KERNEL_REVISION}") for key in data["entries"]), "stale entries"
+    assert all(key.split("|")[2].endswith(f".r{w4a16.KERNEL_REVISION}") for key in data["entries"]), "stale entries"
     items = sorted({(kernels[key], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
-    seen = dict(zip(items, tiles.compiled_shared_bytes_many(items, target), strict=True))
+    seen = dict(zip(items, w4a16.compiled_shared_bytes_many(items, target), strict=True))
     for key, entry in data["entries"].items():
         kernel = kernels[key]
         cfg = GemmConfig(**entry["config"])
@@ -80,9 +80,9 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
 def test_heuristic_fits_every_target_by_the_model():
     for t in TARGETS.values():
         for m in (1, 16, 32, 64, 128, 4096):
-            cfg = tiles.heuristic_config(m)
-            for kernel in tiles.KERNELS:
-                assert t.fits(tiles.model_shared_bytes(kernel, getattr(cfg, kernel), t)), (t.name, m, kernel)
+            cfg = w4a16.heuristic_config(m)
+            for kernel in w4a16.KERNELS:
+                assert t.fits(w4a16.model_shared_bytes(kernel, getattr(cfg, kernel), t)), (t.name, m, kernel)
 
 
 def test_resolve_targets():

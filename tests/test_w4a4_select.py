@@ -9,13 +9,14 @@ hardware.detect), and the self-check runs on the CPU with the W4A4 kernels throu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
 import pytest
 import torch
 
-from sglang_glm5 import autotune, hardware, w4a4, w4a4_select, w4a4_tune, w4a4_verify
+from sglang_glm5 import autotune, hardware, variants, w4a4, w4a4_select, w4a4_tune, w4a4_verify
 from sglang_glm5.cli import main
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.shapes import MoeShape
@@ -29,6 +30,13 @@ OTHER = MoeShape(num_experts=8, hidden=256, inter=256, top_k=4)
 CUDA = torch.device("cuda", 0)
 SCALES = {"has_input_scales": True}
 MIN_TOKENS_ENV = "SGLANG_GLM5_W4A4_MIN_TOKENS"
+W4A4 = variants.get("w4a4")
+
+
+def _key(kernel, bucket, shape=SHAPE, *, measured=True, variant=W4A4) -> str:
+    """A W4A4 tile's cache key."""
+    return autotune.cache_key(SM120, kernel, autotune.gemm_shape(kernel, shape), bucket, measured=measured,
+                              variant=variant)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -289,7 +297,7 @@ def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(caps
     assert _digest(shipped) == before, "the shipped cache must not change"
     data = json.loads(autotune.user_cache_path(SM120).read_text())
     shape = MoeShape(8, 256, 128)
-    keys = {w4a4.cache_key(SM120, k, shape, b, measured=False): (k, b) for k in ("gemm1", "gemm2") for b in (64, 512)}
+    keys = {_key(k, b, shape, measured=False): (k, b) for k in ("gemm1", "gemm2") for b in (64, 512)}
     assert set(data["entries"]) == set(keys)  # only W4A4 keys: the W4A16 entries are another command's
     for key, entry in data["entries"].items():
         kernel, bucket = keys[key]
@@ -303,25 +311,26 @@ def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(caps
     assert "not measured" in out and "no threshold" in out
     # The op's config lookup reads these entries back.
     cache = autotune.ConfigCache(SM120)
-    got = w4a4.cached_config(cache, shape, 300, w4a4.heuristic_config(1))
-    assert got == w4a4.heuristic_config(300)
+    assert cache.lookup(shape, 300, "w4a4") == w4a4.heuristic_config(300)
 
 
-def test_w4a4_keys_survive_a_new_w4a16_kernel_revision(monkeypatch):
-    before = w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True)
-    w4a16_before = autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True)
-    monkeypatch.setattr(autotune, "KERNEL_REVISION", 99)
-    assert autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True) != w4a16_before  # W4A16 tiles retire
-    assert w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True) == before  # W4A4 tiles stay
-    monkeypatch.setattr(w4a4, "KERNEL_REVISION", w4a4.KERNEL_REVISION + 1)
-    assert w4a4.cache_key(SM120, "gemm1", SHAPE, 64, measured=True) != before  # their own revision retires them
+def test_w4a4_keys_survive_a_new_w4a16_kernel_revision():
+    before = _key("gemm1", 64)
+    w16 = variants.get("w4a16")
+    w16_before = autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True, variant=w16)
+    newer = dataclasses.replace(w16, revision=w16.revision + 1)
+    assert autotune.cache_key(SM120, "gemm1", (8, 256, 256), 64, measured=True, variant=newer) != w16_before
+    assert _key("gemm1", 64) == before  # W4A4 tiles stay
+    newer4 = dataclasses.replace(W4A4, revision=W4A4.revision + 1)
+    assert _key("gemm1", 64, variant=newer4) != before  # their own revision retires them
 
 
 @pytest.mark.parametrize("target", ["local", "h200"])
 def test_tune_w4a4_refuses_non_sm12x_in_one_line(target, capsys):
     assert main(["tune", "--path", "w4a4", "--target", target]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "needs an SM12x GPU" in err, err
+    want = "torch sees no CUDA GPU" if target == "local" else "needs an SM12x GPU (RTX PRO 6000, RTX 50xx), got h200"
+    assert "\n" not in err and want in err, err
 
 
 def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
@@ -330,7 +339,7 @@ def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
         GemmConfig(128, 128, 128, 8, 3),
         GemmConfig(128, 128, 256, 8, 4),  # 149504 B in gemm1 on sm_120: over 101376
     ]
-    monkeypatch.setattr(w4a4_tune, "search_space", lambda bucket: space)
+    variant = dataclasses.replace(W4A4, search_space=lambda bucket: space)
     benched = []
 
     def fake_bench(kernel, cfg, bucket):
@@ -339,26 +348,26 @@ def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
         benched.append((kernel, cfg))
         return 1.0 / cfg.block_m  # the tallest feasible tile wins
 
-    entries, report = w4a4_tune.tune(SM120, SHAPE, [256], fake_bench)
+    entries, report = autotune.tune(SM120, SHAPE, [256], fake_bench, variant=variant)
     assert report.candidates == 6 and report.pruned_by_model >= 1 and report.benchmarked == len(benched)
     assert ("gemm1", space[2]) not in benched
-    assert entries[w4a4.cache_key(SM120, "gemm1", SHAPE, 256, measured=True)].config == space[1]
-    assert entries[w4a4.cache_key(SM120, "gemm1", SHAPE, 256, measured=True)].ms == pytest.approx(1 / 128)
-    with pytest.raises(ValueError, match="SM12x targets.*h200"):
-        w4a4_tune.tune(TARGETS["h200"], SHAPE, [256], fake_bench)
+    assert entries[_key("gemm1", 256)].config == space[1]
+    assert entries[_key("gemm1", 256)].ms == pytest.approx(1 / 128)
+    with pytest.raises(ValueError, match="W4A4 runs only on an SM12x GPU.*h200"):
+        autotune.tune(TARGETS["h200"], SHAPE, [256], fake_bench, variant=variant)
 
 
 def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
     """Never run on SM120: a candidate whose compile or launch fails there must not end the tune."""
     space = [GemmConfig(64, 64, 128, 4, 3), GemmConfig(128, 64, 128, 4, 3)]
-    monkeypatch.setattr(w4a4_tune, "search_space", lambda bucket: space)
+    variant = dataclasses.replace(W4A4, search_space=lambda bucket: space)
 
     def flaky_bench(kernel, cfg, bucket):
         if cfg.block_m == 128:
             raise RuntimeError("PassManager::run failed")
         return 1.0
 
-    entries, report = w4a4_tune.tune(SM120, SHAPE, [256], flaky_bench)
+    entries, report = autotune.tune(SM120, SHAPE, [256], flaky_bench, variant=variant)
     assert report.benchmarked == 2 and report.pruned_by_compiler == 2
     assert all(e.config == space[0] for e in entries.values())
 
@@ -366,7 +375,7 @@ def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
         raise RuntimeError("PassManager::run failed")
 
     with pytest.raises(RuntimeError, match="no W4A4 config of gemm1 ran on this GPU.*PassManager"):
-        w4a4_tune.tune(SM120, SHAPE, [256], broken_bench)
+        autotune.tune(SM120, SHAPE, [256], broken_bench, variant=variant)
 
 
 def test_tune_help_says_what_path_does(capsys):

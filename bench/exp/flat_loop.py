@@ -1,4 +1,4 @@
-"""Experiment: gemm2 with one N tile per program against several (``moe.launch_gemm2``'s per_program),
+"""Experiment: gemm2 with one N tile per program against several (``w4a16.launch_gemm2``'s per_program),
 each alone, on the local GPU, for the layer shape in $SHAPE (glm5-ep8 or glm5-tp8). Outputs must be
 bit-identical (same arithmetic, same K order). Writes flat_loop[_SHAPE].json into the folder given as
 the first argument.
@@ -16,11 +16,12 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5 import moe, routing
+from sglang_glm5 import routing
 from sglang_glm5.bench import balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
 # (m, tile, N tiles per program to try); 1 = one tile per program
@@ -60,7 +61,7 @@ for m, tile, per_program in CASES[SHAPE]:
     outs, row = {}, dict(m=m, gemm="gemm2", cfg=cfg.label, ms={})
     for p in per_program:
         y = torch.empty(ids.numel(), shape.hidden, dtype=h.dtype, device="cuda")
-        fn = partial(moe.launch_gemm2, *args, y, cfg, False, per_program=p)
+        fn = partial(w4a16.launch_gemm2, *args, y, cfg, False, per_program=p)
         fn()
         torch.cuda.synchronize()
         outs[p] = y

@@ -10,11 +10,12 @@ import torch
 import triton
 import triton.testing
 
-from sglang_glm5 import moe, routing
+from sglang_glm5 import routing
 from sglang_glm5.bench import balanced_routing
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
 shape = parse_shape("glm5-ep8")
@@ -34,7 +35,7 @@ for m in (1, 16, 32):
     route = routing.route_pairs(ids, shape.num_experts, bm)
     h = torch.empty(P, shape.inter, dtype=x.dtype, device="cuda")
     t = triton.testing.do_bench(
-        partial(moe.launch_gemm1, xp, w13, s13, g13, route, h, fused, shape.top_k, 0, shape.inter, False),
+        partial(w4a16.launch_gemm1, xp, w13, s13, g13, route, h, fused, shape.top_k, 0, shape.inter, False),
         warmup=10,
         rep=60,
         return_mode="median",
@@ -54,7 +55,7 @@ for m in (1, 16, 32):
         GemmConfig(bm, 128, 128, 4, 4),
     ):
         try:
-            fn = partial(moe.launch_gemm2, xpairs, w13, s13, g13_one, ones, route, y, cfg, False)
+            fn = partial(w4a16.launch_gemm2, xpairs, w13, s13, g13_one, ones, route, y, cfg, False)
             fn()
             torch.cuda.synchronize()
             t = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")

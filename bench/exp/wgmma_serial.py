@@ -24,6 +24,7 @@ from sglang_glm5.kernels import nvfp4_moe
 from sglang_glm5.shapes import parse_shape
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a16
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
 
@@ -81,14 +82,14 @@ for m in (1, 16, 32, 64):
             outs, times = {}, {}
             h = (torch.randn(P, shape.inter, generator=gen, device="cuda") * 0.1).bfloat16()  # gemm2's input
             for name, mod in VARIANTS.items():
-                moe._k = mod
+                w4a16._k = mod
                 if gemm == "gemm1":
                     res = torch.empty(P, shape.inter, dtype=x.dtype, device="cuda")
-                    fn = partial(moe.launch_gemm1, xp, w13, s13, g13, route, res, cfg, shape.top_k, 0, shape.inter,
+                    fn = partial(w4a16.launch_gemm1, xp, w13, s13, g13, route, res, cfg, shape.top_k, 0, shape.inter,
                                  False)  # fmt: skip
                 else:
                     res = torch.empty(P, shape.hidden, dtype=x.dtype, device="cuda")
-                    fn = partial(moe.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, res, cfg, False)
+                    fn = partial(w4a16.launch_gemm2, h, w2, s2, g2, weights.reshape(-1), route, res, cfg, False)
                 try:
                     fn()
                     torch.cuda.synchronize()
@@ -97,7 +98,7 @@ for m in (1, 16, 32, 64):
                 except Exception as e:  # a tile that does not compile or launch on this GPU
                     times[name] = None
                     print(m, gemm, cfg.label, name, "failed:", str(e).splitlines()[0][:200], flush=True)
-            moe._k = nvfp4_moe
+            w4a16._k = nvfp4_moe
             same = len(outs) == 2 and torch.equal(outs["assume"], outs["no_assume"])
             row = dict(m=m, gemm=gemm, cfg=cfg.label, **{f"ms_{k}": v for k, v in times.items()}, identical=same)
             rows.append(row)
@@ -105,9 +106,9 @@ for m in (1, 16, 32, 64):
     # the whole op with the shipped cache, both variants
     args = (x, *layer.args(), weights, ids)
     for name, mod in VARIANTS.items():
-        moe._k = mod
+        w4a16._k = mod
         t_op = bench(partial(moe.nvfp4_fused_moe, *args, check_ids=False))
         rows.append(dict(m=m, gemm="op", cfg="cache", variant=name, ms=t_op))
         print(rows[-1], flush=True)
-    moe._k = nvfp4_moe
+    w4a16._k = nvfp4_moe
 json.dump(rows, open(os.path.join(out_dir, "wgmma_serial.json"), "w"), indent=1)

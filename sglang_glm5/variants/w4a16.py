@@ -1,0 +1,517 @@
+"""The W4A16 kernel family: NVFP4 weights decoded in registers, 16-bit activations, any SM80+ GPU.
+
+    P = T * k (token, slot) pairs, E = local experts, H = hidden size, I = intermediate size
+
+What ``variants.KernelVariant`` asks of a family, and the family's launches:
+
+- tiles: the search space, the heuristic (feasible everywhere), the kernels' own rule (block_k >= 64);
+- shared memory on a target: ``model_shared_bytes`` (an analytic upper bound, for pruning instantly) and
+  ``compiled_shared_bytes`` (Triton's number from an ahead-of-time compile for the target: no GPU needed,
+  memoized per Triton version and kernel source); the tests check on samples that the model never calls
+  feasible a config the compiler does not;
+- the grid of a call (``plan_gemms``: K splits at decode, where few experts are active) and the launches
+  of gemm1 and gemm2 (``kernels/nvfp4_moe.py``); ``run`` is the whole W4A16 op on checked arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
+
+import torch
+import triton
+
+from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
+from sglang_glm5.kernels import nvfp4_moe as _k
+from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots
+from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target
+from sglang_glm5.variants import KernelVariant
+
+KERNELS = ("gemm1", "gemm2")
+# Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
+# configs tuned for the old ones meaningless or unsafe (2: weights as the left operand, inline-PTX
+# decode; 3: gemm2 may walk several N tiles per program, which can take 2 KB more shared memory).
+KERNEL_REVISION = 3
+# `tune`'s default buckets: decode under expert parallelism (fractions: GLM-5 B = 1 .. 16 tokens per
+# step), then 1 .. 2048 tokens per expert.
+TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiles and their shared memory.
+
+
+def check_config(cfg: GemmConfig) -> None:
+    """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
+    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64."""
+    if cfg.block_k < 64:
+        raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
+
+
+def heuristic_config(tokens_per_expert: float) -> MoeConfig:
+    """A config that is correct everywhere and small enough for any target's shared memory.
+
+    From a sweep of 24-34 configs per size on one H200 (bench/h200/sweep_r2.log): at decode sizes
+    block_k 128 with 3 stages won, at 256 and 2048 tokens per expert 64 x 128 x 64. Larger tiles that
+    won at m=64 (64 x 128 x 256) are left to the tuner: they do not fit SM120's 101376 B. Every config
+    here does (compiled ahead of time for sm_120 in tests/test_tiles.py).
+    """
+    if tokens_per_expert < 1:  # fewer tokens than experts: few experts active, split K (H200 real routing)
+        cfg = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=3)
+    elif tokens_per_expert <= 16:
+        cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    elif tokens_per_expert <= 128:
+        cfg = GemmConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    else:
+        cfg = GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)
+    return MoeConfig(gemm1=cfg, gemm2=cfg)
+
+
+def search_space(bucket) -> list[GemmConfig]:
+    """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes.
+
+    block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
+    warpgroup), so 8 warps only with block_n 128. From the H200 sweep (bench/h200/sweep_r2.log):
+    block_k 512 never won and 2 stages rarely did.
+    """
+    if bucket <= 16:
+        space = itertools.product((16,), (64, 128), (128, 256), (3, 4), (4, 8))
+    elif bucket <= 64:
+        space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
+    else:
+        space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
+    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
+
+
+def _stage_bytes(kernel: str, cfg: GemmConfig) -> int:
+    """Operand bytes of one pipeline stage: the 16-bit activation tile and, per weight matrix (gate and up
+    in gemm1), the packed bytes and the e4m3 scales."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    weights = 2 if kernel == "gemm1" else 1
+    return 2 * cfg.block_m * cfg.block_k + weights * (cfg.block_n * cfg.block_k // 2 + cfg.block_n * cfg.block_k // 16)
+
+
+def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
+    """Upper bound on the shared memory of one MoE GEMM kernel.
+
+    Per pipeline stage: the 16-bit activation tile (BM x BK x 2) and, per weight matrix (gate and up
+    in gemm1), packed bytes BN x BK / 2 plus scales BN x BK / 16, times the pipeline buffers
+    (``hardware.keeps_every_stage``: num_stages on wgmma/TMA parts, num_stages - 1 on the mma.sync
+    parts). On top: the decoded fp16 weight tile (BN x BK x 2) and an fp32-sized output tile
+    (BM x BN x 2), either of which may be staged through shared memory for a layout change.
+    """
+    buffers = cfg.num_stages if keeps_every_stage(target.arch) else max(cfg.num_stages - 1, 1)
+    return buffers * _stage_bytes(kernel, cfg) + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
+
+
+def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
+    """A lower bound on the same: the operand buffers of at least num_stages - 1 pipeline stages.
+
+    Configs between this floor and ``model_shared_bytes`` may or may not fit; the tuner asks the
+    compiler about them instead of discarding them (on Hopper the upper bound is loose: the decoded
+    tile stays in registers there with Triton 3.6, but not with every Triton version).
+    """
+    return max(cfg.num_stages - 1, 1) * _stage_bytes(kernel, cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ahead-of-time compiles (no GPU).
+
+
+def _kernel_fn(kernel: str):
+    from sglang_glm5.kernels import nvfp4_moe as k
+
+    return {"gemm1": k.nvfp4_moe_gemm1_kernel, "gemm2": k.nvfp4_moe_gemm2_kernel}[kernel]
+
+
+# Pointer arguments and their element types; every other non-constexpr argument is an i32.
+_POINTERS = {
+    "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
+    "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
+    "part_ptr": "*fp32", "counter_ptr": "*i32",
+}  # fmt: skip
+# Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
+_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
+
+
+# The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
+# gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
+# differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
+# (the number of splits changes the unrolled reduction, held in registers, not the shared memory) and
+# with the block loop (a split is planned when few blocks are expected, so it comes with the loop).
+FORMS = {
+    "gemm1": ({"SPLITS": 1, "BLOCK_LOOP": False}, {"SPLITS": 2, "BLOCK_LOOP": True}),
+    "gemm2": (
+        {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
+    ),
+}
+
+
+def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
+    consts = {
+        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
+    }  # fmt: skip
+    consts.update(form or FORMS[kernel][0])
+    return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
+
+
+def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
+    """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
+    return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in FORMS[kernel])
+
+
+def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
+    import triton
+
+    from sglang_glm5.aot import source_digest
+
+    digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
+    return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
+
+
+def aot_job(kernel: str, cfg: dict, arch: int, want_asm: bool = False) -> int | dict[str, str]:
+    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes over the kernel's forms, or its PTX."""
+    config = GemmConfig(**cfg)
+    if want_asm:
+        return {"ptx": _compile(kernel, config, arch).asm["ptx"]}
+    return _compiled_shared(kernel, config, arch)
+
+
+def _compile_jobs(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = False) -> list:
+    from sglang_glm5.aot import run_jobs
+
+    results = run_jobs("sglang_glm5.variants.w4a16:aot_job", [[k, c.as_dict(), a, want_asm] for k, c, a in jobs])
+    failed = [(k, c.label, a, r) for (k, c, a), r in zip(jobs, results, strict=True) if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"ahead-of-time compile failed for {failed}")
+    return results
+
+
+def compiled_shared_bytes_many(
+    items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
+) -> list[int]:
+    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture.
+
+    No GPU needed. Results are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
+    version and kernel source; the missing ones compile together in worker processes.
+    """
+    keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
+
+    from sglang_glm5.aot import memoized
+
+    def compile_missing(indices: list[int]) -> list[int]:
+        return [int(v) for v in _compile_jobs([(items[i][0], items[i][1], target.arch) for i in indices])]
+
+    return [int(v) for v in memoized(keys, compile_missing, memo=memo)]
+
+
+def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
+    """Shared memory of one kernel compiled ahead of time for the target (see compiled_shared_bytes_many)."""
+    return compiled_shared_bytes_many([(kernel, cfg)], target, memo=memo)[0]
+
+
+def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, str]:
+    """The kernel's PTX (key "ptx") for the target, for instruction checks."""
+    return _compile_jobs([(kernel, cfg, target.arch)], want_asm=True)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# How many programs: at decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so
+# the programs of the active blocks alone cannot fill the GPU; the K loop is then split.
+
+
+# Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
+PROGRAMS_PER_SM = 2
+
+
+@functools.cache
+def sm_count(device_index: int | None) -> int:
+    """SMs of a CUDA device; 8 for the interpreter (a small GPU, so that tests exercise split-K)."""
+    if device_index is None:
+        return 8
+    from sglang_glm5.hardware import detect
+
+    return detect(device_index).sm_count
+
+
+def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, block_m: int) -> float:
+    """Routing blocks a call is expected to use, with the pairs spread uniformly over all experts:
+    the local experts that receive a pair, plus the blocks their pairs fill."""
+    local_pairs = num_pairs * num_experts / num_global_experts
+    active = num_experts * (1.0 - (1.0 - 1.0 / num_global_experts) ** num_pairs)
+    return active + local_pairs / block_m
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits."""
+
+    block_programs: int
+    splits: int
+    k_per_split: int  # K elements per split, a multiple of block_k
+
+
+def plan_launch(
+    k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
+    split: bool = True,
+) -> Launch:  # fmt: skip
+    """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
+    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make PROGRAMS_PER_SM per SM.
+
+    Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
+    routing costs a second pass of a few programs rather than a launch sized for the worst case.
+    """
+    work = max(1.0, blocks_expected) * n_programs
+    want = (cfg.split_k or math.ceil(PROGRAMS_PER_SM * sms / work)) if split else 1
+    programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
+    return Launch(programs, *k_splits(k_size, cfg.block_k, want))
+
+
+class GemmPlan(NamedTuple):
+    gemm1: Launch
+    gemm2: Launch
+    per_program: int  # gemm2's N tiles per program
+    counters: int  # int32 split-K counters gemm1 needs (0 without a split)
+
+
+def plan_gemms(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
+) -> GemmPlan:
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
+
+    def blocks(gemm: GemmConfig) -> tuple[int, float]:
+        bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
+        return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global_experts, gemm.block_m))
+
+    blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
+    tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms)
+    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
+    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
+    while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+        per_program //= 2  # few blocks: keep the programs that fill the GPU
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1)
+    counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
+    return GemmPlan(launch1, launch2, per_program, counters)
+
+
+def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
+    """(splits, K elements per split) for at most ``want`` splits (and MAX_SPLITS) of whole K steps, none empty."""
+    steps = triton.cdiv(k_size, block_k)
+    per_split = triton.cdiv(steps, max(1, min(steps, want, MAX_SPLITS)))
+    return triton.cdiv(steps, per_split), per_split * block_k
+
+
+def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
+    if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
+        raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
+
+
+def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
+    """One block program per possible block, no split: the grid of a launch that was not planned."""
+    return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
+
+
+def launch_gemm1(
+    x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
+    *, launch: Launch | None = None, counters: torch.Tensor | None = None,
+):  # fmt: skip
+    """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
+    needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``)."""
+    num_pairs, inter = h.shape
+    check_config(cfg)
+    launch = launch or _whole_grid(route, cfg, x.shape[1])
+    _check_launch(launch, cfg, x.shape[1])
+    tiles = triton.cdiv(inter, cfg.block_n)
+    split = launch.splits > 1
+    part = None
+    if split:
+        if counters is None or counters.numel() < route.block_expert.numel() * tiles:
+            raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
+        part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
+    w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
+    _k.nvfp4_moe_gemm1_kernel[(launch.block_programs, tiles, launch.splits)](
+        x_ptr=x,
+        w_ptr=w13,
+        ws_ptr=w13_scale.view(torch.uint8),
+        wgs_ptr=gs13,
+        sorted_ids_ptr=route.sorted_ids,
+        block_expert_ptr=route.block_expert,
+        used_blocks_ptr=route.used_blocks,
+        part_ptr=part if split else h,
+        counter_ptr=counters if split else route.used_blocks,
+        h_ptr=h,
+        num_pairs=num_pairs,
+        top_k=top_k,
+        inter_size=inter,
+        hidden_size=x.shape[1],
+        k_per_split=launch.k_per_split,
+        stride_xt=x.stride(0),
+        stride_we=w13.stride(0),
+        stride_wn=w13.stride(1),
+        stride_se=w13_scale.stride(0),
+        stride_sn=w13_scale.stride(1),
+        stride_gse=gs13.stride(0),
+        stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0,
+        stride_ht=h.stride(0),
+        gate_row0=gate_row0,
+        up_row0=up_row0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=x.shape[1] % cfg.block_k == 0,
+        SPLITS=launch.splits,
+        BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
+        INTERPRETER=interpret,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
+    """N tiles per gemm2 program: as many as fit in 8 K steps (one when a tile alone takes 5 or more).
+
+    Measured on the H200 (bench/h200/runs/exp_flat_loop*.json): with I = 256 (GLM-5 TP8: one or two
+    K steps) 4-8 tiles per program made gemm2 5-29% faster; with I = 2048 (EP8: 8-32 steps) one tile
+    per program was 1-9% faster than several.
+    """
+    return max(1, 8 // triton.cdiv(inter, cfg.block_k))
+
+
+def launch_gemm2(
+    h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
+    per_program=None, *, launch: Launch | None = None,
+):  # fmt: skip
+    """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
+    partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
+    None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other."""
+    hidden = y.shape[-1]
+    num_pairs = h.shape[0]
+    check_config(cfg)
+    w2 = w2.view(torch.int16)
+    tiles = triton.cdiv(hidden, cfg.block_n)
+    if per_program is None:
+        per_program = gemm2_tiles_per_program(h.shape[1], cfg)
+    elif per_program < 1:
+        raise ValueError(f"per_program: expected N tiles per program >= 1, got {per_program}")
+    per_program = min(per_program, tiles)
+    launch = launch or _whole_grid(route, cfg, h.shape[1])
+    _check_launch(launch, cfg, h.shape[1])
+    split = launch.splits > 1
+    if split and per_program > 1:
+        raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
+    want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
+    if tuple(y.shape) != want or (split and y.dtype != torch.float32):
+        raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
+    _k.nvfp4_moe_gemm2_kernel[(launch.block_programs, triton.cdiv(tiles, per_program), launch.splits)](
+        h_ptr=h,
+        w_ptr=w2,
+        ws_ptr=w2_scale.view(torch.uint8),
+        wgs_ptr=gs2,
+        topk_weights_ptr=topk_weights_flat,
+        sorted_ids_ptr=route.sorted_ids,
+        block_expert_ptr=route.block_expert,
+        used_blocks_ptr=route.used_blocks,
+        y_ptr=y,
+        num_pairs=num_pairs,
+        hidden_size=hidden,
+        inter_size=h.shape[1],
+        k_per_split=launch.k_per_split,
+        stride_ht=h.stride(0),
+        stride_we=w2.stride(0),
+        stride_wn=w2.stride(1),
+        stride_se=w2_scale.stride(0),
+        stride_sn=w2_scale.stride(1),
+        stride_yt=y.stride(-2),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=h.shape[1] % cfg.block_k == 0,
+        MULTI_TILE=per_program > 1,
+        SPLITS=launch.splits,
+        BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
+        INTERPRETER=interpret,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
+    """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
+    launch (sort, activation layout, split-K counters), gemm1, gemm2 and the top-k sum."""
+    num_tokens, top_k = topk_ids.shape
+    num_experts, hidden, inter = weights.shape
+    num_pairs = num_tokens * top_k
+    num_global = num_global_experts or num_experts
+    device = hidden_states.device
+    interpret = interpreting()
+    cfg = config or pick_config(num_pairs / num_global, num_experts, hidden, inter, device)
+    sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
+
+    plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
+    launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
+    counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
+    xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
+    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp))
+    route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
+
+    h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
+    gate_row0, up_row0 = weights.gate_up_rows
+    launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
+                 up_row0, interpret, launch=launch1, counters=counters)  # fmt: skip
+    if launch2.splits > 1:
+        y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
+    else:
+        y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
+    launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
+                 route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2)  # fmt: skip
+    sum_over_slots(y, topk_ids, out, num_experts, interpret)
+    return out
+
+
+_caches: dict[int, object] = {}
+
+
+def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
+    """The config for a call: the autotune cache of this GPU when it knows the shape, else the heuristic.
+
+    The cache is read once per device and its answers are memoized, so a call costs a dict lookup.
+    """
+    if device.type != "cuda":
+        return heuristic_config(tokens_per_expert)
+    from sglang_glm5.autotune import ConfigCache
+    from sglang_glm5.hardware import detect
+    from sglang_glm5.shapes import MoeShape
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cache = _caches.get(index)
+    if cache is None:
+        cache = _caches[index] = ConfigCache(detect(index))
+    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, VARIANT)
+
+
+VARIANT = KernelVariant(
+    name="w4a16",
+    title="W4A16",
+    requires="an SM80+ GPU",
+    runs_on=runs_w4a16,
+    kernels=KERNELS,
+    revision=KERNEL_REVISION,
+    tune_buckets=TUNE_BUCKETS,
+    decode_buckets=True,
+    heuristic=heuristic_config,
+    search_space=search_space,
+    model_shared_bytes=model_shared_bytes,
+    shared_floor=model_shared_floor,
+    compiled_shared_bytes=compiled_shared_bytes_many,
+    check_config=check_config,
+    kernel_bencher="sglang_glm5.bench:kernel_bencher",
+    selfcheck="sglang_glm5.cli:selfcheck_command",
+)
