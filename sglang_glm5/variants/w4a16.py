@@ -494,7 +494,7 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
     cache = _caches.get(index)
     if cache is None:
         cache = _caches[index] = ConfigCache(detect(index))
-    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, VARIANT)
+    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, "w4a16")
 
 
 VARIANT = KernelVariant(
