@@ -45,20 +45,21 @@ if [[ $STEPS == *tune* ]]; then
 fi
 if [[ $STEPS == *bench* ]]; then
   # Decode at real routing (the default), then the balanced-m table.
-  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}_real" ${BENCH_ARGS:-} 2>&1 \
+  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}_real" --seed "${BENCH_SEED:-1}" \
+    ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench_real.log" || rc=1
   python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
     --name "${BENCH_NAME:-h200_moe_bench}" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
-  # The same benches, our op only, on an earlier revision laid out in .base/ (git archive of
+  # The same benches (the same routings: BENCH_SEED), our op only, on an earlier revision laid out in .base/ (git archive of
   # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache.
   BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
   # -P: the current directory ($PKG, which holds this revision's sglang_glm5/) stays off sys.path.
   SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.bench_real --no-baselines \
-    --skew ${BASE_SKEW:-0} --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
-  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.cli bench --no-baselines \
-    --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
+    --skew ${BASE_SKEW:-0} --seed "${BENCH_SEED:-1}" --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.cli bench --routing balanced \
+    --no-baselines --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
 fi
 if [[ $STEPS == *profile* ]]; then
   # Hardware counters of the two GEMMs at decode size (Firecracker machines; clocks left alone).
