@@ -206,12 +206,24 @@ def _nvfp4_dot(
     return tl.dot(w3, x3, acc)
 
 
+# The GEMM kernels' shared prologue (W4A16 here, W4A4 in nvfp4_w4a4.py): the rows of a routing block
+# and the weight rows of an N tile. Inlined: each kernel compiles to what it did with the lines in place.
+
+
 @triton.jit
 def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
-    """The BLOCK_M pair ids of routing block pid_m, and which of them are real (the rest is padding)."""
+    """The BLOCK_M pair ids of routing block pid_m, which of them are real (the rest is padding), and the
+    ids as int64 with padding at 0 (for unmasked address arithmetic)."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m)
-    return pair, pair < num_pairs
+    row_ok = pair < num_pairs
+    return pair, row_ok, tl.where(row_ok, pair, 0).to(tl.int64)
+
+
+@triton.jit
+def expert_rows(w_ptr, ws_ptr, expert, rows, stride_we, stride_wn, stride_se, stride_sn):
+    """Pointers to the packed weight rows and block-scale rows ``rows`` (int64) of ``expert`` (int64)."""
+    return w_ptr + expert * stride_we + rows * stride_wn, ws_ptr + expert * stride_se + rows * stride_sn
 
 
 @triton.jit
@@ -349,16 +361,12 @@ def _gemm1_block(
     offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
     k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
     expert = expert.to(tl.int64)
-    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+    pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
-
-    w_base = w_ptr + expert * stride_we
-    s_base = ws_ptr + expert * stride_se
-    wg_rows = w_base + (gate_row0 + offs_n_safe) * stride_wn
-    wu_rows = w_base + (up_row0 + offs_n_safe) * stride_wn
-    sg_rows = s_base + (gate_row0 + offs_n_safe) * stride_sn
-    su_rows = s_base + (up_row0 + offs_n_safe) * stride_sn
+    wg_rows, sg_rows = expert_rows(w_ptr, ws_ptr, expert, gate_row0 + offs_n_safe, stride_we, stride_wn, stride_se,
+                                   stride_sn)  # fmt: skip
+    wu_rows, su_rows = expert_rows(w_ptr, ws_ptr, expert, up_row0 + offs_n_safe, stride_we, stride_wn, stride_se,
+                                   stride_sn)  # fmt: skip
 
     x_rows = x_ptr + token * stride_xt
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -488,19 +496,15 @@ def _gemm2_block(
     if SPLITS > 1:
         y_ptr += tl.program_id(2).to(tl.int64) * num_pairs * stride_yt
     expert = expert.to(tl.int64)
-    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+    pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     h_rows = h_ptr + pair_safe * stride_ht
-    w_base = w_ptr + expert * stride_we
-    s_base = ws_ptr + expert * stride_se
     # DECODE_UNSCALE = 2^7
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
     if not MULTI_TILE:
         offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
-        w_rows = w_base + offs_n_safe * stride_wn
-        s_rows = s_base + offs_n_safe * stride_sn
+        w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
@@ -515,8 +519,8 @@ def _gemm2_block(
         for step in range(0, my_tiles * k_steps):
             kk = step % k_steps
             offs_n, n_ok, offs_n_safe = tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
-            w_rows = w_base + offs_n_safe * stride_wn
-            s_rows = s_base + offs_n_safe * stride_sn
+            w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se,
+                                         stride_sn)  # fmt: skip
             if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             k0 = kk * BLOCK_K

@@ -26,7 +26,7 @@ logic (indexing, quantization, epilogues) this way; only the compiled path uses 
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import block_pairs, e2m1_nibbles_to_f16, round_to, tile_columns
+from sglang_glm5.kernels.nvfp4_moe import block_pairs, e2m1_nibbles_to_f16, expert_rows, round_to, tile_columns
 
 
 @triton.jit
@@ -180,14 +180,14 @@ def nvfp4_w4a4_gemm1_kernel(
         return
     expert = expert.to(tl.int64)
 
-    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
 
     offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
-    wg_rows = w_ptr + expert * stride_we + (gate_row0 + offs_n_safe) * stride_wn
-    wu_rows = w_ptr + expert * stride_we + (up_row0 + offs_n_safe) * stride_wn
-    sg_rows = ws_ptr + expert * stride_se + (gate_row0 + offs_n_safe) * stride_sn
-    su_rows = ws_ptr + expert * stride_se + (up_row0 + offs_n_safe) * stride_sn
+    wg_rows, sg_rows = expert_rows(w_ptr, ws_ptr, expert, gate_row0 + offs_n_safe, stride_we, stride_wn, stride_se,
+                                   stride_sn)  # fmt: skip
+    wu_rows, su_rows = expert_rows(w_ptr, ws_ptr, expert, up_row0 + offs_n_safe, stride_we, stride_wn, stride_se,
+                                   stride_sn)  # fmt: skip
     xq_rows = xq_ptr + token * stride_xqt
     xs_rows = xs_ptr + token * stride_xst
 
@@ -210,7 +210,6 @@ def nvfp4_w4a4_gemm1_kernel(
     h = tl.where(n_ok[None, :], h, 0.0)
     packed, scales = _quantize_rows(h, tl.load(a2_ptr + expert * stride_a2e))
 
-    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
     offs_b = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     offs_g = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
     b_mask = row_ok[:, None] & (offs_b < inter_size // 2)[None, :]
@@ -255,12 +254,10 @@ def nvfp4_w4a4_gemm2_kernel(
         return
     expert = expert.to(tl.int64)
 
-    pair, row_ok = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
-    pair_safe = tl.where(row_ok, pair, 0).to(tl.int64)
+    pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
 
     offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
-    w_rows = w_ptr + expert * stride_we + offs_n_safe * stride_wn
-    s_rows = ws_ptr + expert * stride_se + offs_n_safe * stride_sn
+    w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
     hq_rows = hq_ptr + pair_safe * stride_hqt
     hs_rows = hs_ptr + pair_safe * stride_hst
 

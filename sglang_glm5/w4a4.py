@@ -25,16 +25,14 @@ checked through an interpreter variant that replaces ``dot_scaled`` by a decoded
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from sglang_glm5 import hardware, nvfp4
-from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.tiles import MoeConfig
+from sglang_glm5.variants import w4a4 as family
 from sglang_glm5.weights import Nvfp4MoeWeights, per_expert_scale
 
 __all__ = [
-    "heuristic_config",
     "nvfp4_fused_moe_w4a4",
     "nvfp4_fused_moe_w4a4_emulated",
 ]
@@ -98,24 +96,6 @@ def nvfp4_fused_moe_w4a4_emulated(
     return acc.to(out_dtype)
 
 
-# ---------------------------------------------------------------------------------------------
-# Configs: prefill tiles (W4A4 is for many tokens per expert). block_k 128 = two m16n8k64 FP4 mma steps.
-
-SHIPPED_CONFIGS = (
-    GemmConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3),
-    GemmConfig(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3),
-    GemmConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3),
-)
-KERNELS = ("gemm1", "gemm2")
-KERNEL_REVISION = 1  # in the W4A4 cache keys: raise it when a kernel change makes tuned tiles stale
-
-
-def heuristic_config(tokens_per_expert: float) -> MoeConfig:
-    """A shipped config (each AOT-checked for sm_120 in tests/test_w4a4.py)."""
-    cfg = SHIPPED_CONFIGS[0] if tokens_per_expert <= 128 else SHIPPED_CONFIGS[2]
-    return MoeConfig(gemm1=cfg, gemm2=cfg)
-
-
 _caches: dict[int, object] = {}
 _picked: dict[tuple, MoeConfig] = {}
 
@@ -133,7 +113,7 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
     once per device and the answers are memoized: a call costs a dict lookup.
     """
     if device.type != "cuda":
-        return heuristic_config(tokens_per_expert)
+        return family.heuristic_config(tokens_per_expert)
     from sglang_glm5 import autotune
 
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -149,150 +129,6 @@ def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: 
         shape = MoeShape(num_experts, hidden, inter)
         cfg = _picked[key] = cache.lookup(shape, tokens_per_expert, "w4a4")
     return cfg
-
-
-def model_shared_bytes(kernel: str, cfg: GemmConfig) -> int:
-    """Upper bound on the shared memory of a W4A4 GEMM on sm_120 (mma.sync: num_stages - 1 buffers).
-
-    Per buffer: the packed activation tile (BM x BK/2) and its scales (BM x BK/16), and per weight matrix
-    (gate and up in gemm1) BN x BK/2 + BN x BK/16. Checked against Triton 3.8's AOT numbers in
-    tests/test_w4a4.py (e.g. gemm1 128x128x256, 3 stages: model 110592 B, compiled 100352 B).
-    """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    weights = 2 if kernel == "gemm1" else 1
-    per_row = cfg.block_k // 2 + cfg.block_k // 16
-    return max(cfg.num_stages - 1, 1) * (cfg.block_m + weights * cfg.block_n) * per_row
-
-
-# ---------------------------------------------------------------------------------------------
-# Ahead-of-time compile (no GPU): shared bytes and the mma instructions of the PTX, in a worker process.
-
-_POINTERS = {
-    "xq_ptr": "*u8", "xs_ptr": "*u8", "hq_ptr": "*u8", "hs_ptr": "*u8", "w_ptr": "*u8", "ws_ptr": "*u8",
-    "a1_ptr": "*fp32", "a2_ptr": "*fp32", "wgs_ptr": "*fp32", "topk_weights_ptr": "*fp32",
-    "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "y_ptr": "*bf16",
-}  # fmt: skip
-_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse", "stride_a2e"}
-
-
-@dataclass(frozen=True)
-class AotResult:
-    shared: int  # bytes, Triton's metadata.shared
-    mma: tuple[str, ...]  # distinct mma instructions in the PTX
-    target: str  # the PTX .target line
-
-
-def _compile(kernel: str, cfg: GemmConfig, arch: int):
-    from sglang_glm5.kernels import nvfp4_w4a4 as k
-    from sglang_glm5.tiles import compile_for_target
-
-    fn = {"gemm1": k.nvfp4_w4a4_gemm1_kernel, "gemm2": k.nvfp4_w4a4_gemm2_kernel}[kernel]
-    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE_DOT": False}
-    if "INTERPRETER" in fn.arg_names:
-        consts["INTERPRETER"] = False
-    return compile_for_target(fn, consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
-
-
-def aot_compile(jobs: list[tuple[str, GemmConfig, int]]) -> list[AotResult | str]:
-    """Compile each (kernel, config, arch) ahead of time (``sglang_glm5.aot`` workers, the interpreter off).
-    A job that fails gives its error line."""
-    from sglang_glm5.aot import run_jobs
-
-    results = run_jobs("sglang_glm5.w4a4:aot_job", [[k, c.as_dict(), a] for k, c, a in jobs])
-    return [AotResult(r["shared"], tuple(r["mma"]), r["target"]) if isinstance(r, dict) else r for r in results]
-
-
-def compiled_shared_bytes_many(items: list[tuple[str, GemmConfig]], arch: int) -> list[int | str]:
-    """Shared bytes of each (kernel, config) compiled for sm_{arch}, or the compile's error line.
-
-    Sizes are memoized in $SGLANG_GLM5_CACHE_DIR/aot_shared.json (the W4A16 tuner's file, keys prefixed "w4a4|") per
-    Triton version and kernel source; the missing ones compile together.
-    """
-    import triton
-
-    from sglang_glm5.aot import memoized, source_digest
-
-    digest = source_digest("sglang_glm5.kernels.nvfp4_w4a4")
-    keys = [f"w4a4|triton={triton.__version__}|src={digest}|{k}|sm_{arch}|{c.label}" for k, c in items]
-
-    def compile_missing(indices: list[int]) -> list[int | str]:
-        fresh = aot_compile([(items[i][0], items[i][1], arch) for i in indices])
-        return [r.shared if isinstance(r, AotResult) else r for r in fresh]  # errors: returned, not memoized
-
-    return memoized(keys, compile_missing)
-
-
-def aot_job(kernel: str, cfg: dict, arch: int) -> dict:
-    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes, the PTX's mma instructions and target."""
-    import re
-
-    compiled = _compile(kernel, GemmConfig(**cfg), arch)
-    ptx = compiled.asm["ptx"]
-    target = next((ln.strip() for ln in ptx.splitlines() if ln.startswith(".target")), "")
-    mma = sorted(set(re.findall(r"\b((?:wg)?mma[.\w:]*)", ptx)))
-    return {"shared": int(compiled.metadata.shared), "mma": mma, "target": target}
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch: the compiled path on SM12x; ``emulate_dot`` (the interpreter tests) swaps dot_scaled out.
-
-
-def quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] -> (packed [T, H/2] uint8, e4m3 scales [T, H/16] uint8) with the global scale a1 [1] fp32."""
-    import triton
-
-    from sglang_glm5.kernels import nvfp4_w4a4 as k
-
-    num_tokens, hidden = x.shape
-    xq = torch.empty((num_tokens, hidden // 2), dtype=torch.uint8, device=x.device)
-    xs = torch.empty((num_tokens, hidden // 16), dtype=torch.uint8, device=x.device)
-    block_t, block_k = 16, 256
-    k.nvfp4_quantize_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(hidden, block_k))](
-        x_ptr=x, global_scale_ptr=a1, xq_ptr=xq, xs_ptr=xs, num_rows=num_tokens, K=hidden,
-        stride_xt=x.stride(0), stride_qt=xq.stride(0), stride_st=xs.stride(0), BLOCK_T=block_t, BLOCK_K=block_k,
-    )  # fmt: skip
-    return xq, xs
-
-
-def launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
-                 gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
-    import triton
-
-    from sglang_glm5.kernels import nvfp4_w4a4 as k
-
-    sorted_ids, block_expert = route
-    num_pairs, inter = hq.shape[0], hq.shape[1] * 2
-    k.nvfp4_w4a4_gemm1_kernel[(block_expert.numel(), triton.cdiv(inter, cfg.block_n))](
-        xq_ptr=xq, xs_ptr=xs, a1_ptr=a1, w_ptr=w13, ws_ptr=w13_scale.view(torch.uint8), wgs_ptr=gs13, a2_ptr=a2,
-        sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, hq_ptr=hq, hs_ptr=hs,
-        num_pairs=num_pairs, top_k=top_k, inter_size=inter, hidden_size=xq.shape[1] * 2,
-        stride_xqt=xq.stride(0), stride_xst=xs.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
-        stride_se=w13_scale.stride(0), stride_sn=w13_scale.stride(1), stride_gse=gs13.stride(0),
-        stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0, stride_a2e=a2.stride(0),
-        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), gate_row0=gate_row0, up_row0=up_row0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EMULATE_DOT=emulate_dot,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-
-
-def launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
-                 emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
-    import triton
-
-    from sglang_glm5.kernels import nvfp4_w4a4 as k
-
-    sorted_ids, block_expert = route
-    num_pairs, hidden = y.shape
-    k.nvfp4_w4a4_gemm2_kernel[(block_expert.numel(), triton.cdiv(hidden, cfg.block_n))](
-        hq_ptr=hq, hs_ptr=hs, a2_ptr=a2, w_ptr=w2, ws_ptr=w2_scale.view(torch.uint8), wgs_ptr=gs2,
-        topk_weights_ptr=topk_weights_flat, sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, y_ptr=y,
-        num_pairs=num_pairs, hidden_size=hidden, inter_size=hq.shape[1] * 2,
-        stride_hqt=hq.stride(0), stride_hst=hs.stride(0), stride_a2e=a2.stride(0),
-        stride_we=w2.stride(0), stride_wn=w2.stride(1), stride_se=w2_scale.stride(0), stride_sn=w2_scale.stride(1),
-        stride_yt=y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EMULATE_DOT=emulate_dot, INTERPRETER=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
 
 
 def run_w4a4(
@@ -324,15 +160,19 @@ def run_w4a4(
     gate_row0, up_row0 = weights.gate_up_rows
     a1, a2 = weights.a1, weights.a2
 
-    xq, xs = quantize_activations(hidden_states, a1)
+    xq, xs = family.quantize_activations(hidden_states, a1)
     hq = torch.empty((num_pairs, inter // 2), dtype=torch.uint8, device=device)
     hs = torch.zeros((num_pairs, inter // 16), dtype=torch.uint8, device=device)
     route1, route2 = routes_for(topk_ids, num_experts, cfg)
-    launch_gemm1(xq, xs, a1, weights.w13, weights.w13_scale, weights.w13_scale_2, a2, route1, hq, hs, cfg.gemm1,
-                 top_k, gate_row0, up_row0, emulate_dot)  # fmt: skip
+    family.launch_gemm1(
+        xq, xs, a1, weights.w13, weights.w13_scale, weights.w13_scale_2, a2, route1, hq, hs, cfg.gemm1, top_k,
+        gate_row0, up_row0, emulate_dot,
+    )  # fmt: skip
     y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    launch_gemm2(hq, hs, a2, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
-                 route2, y, cfg.gemm2, emulate_dot, interpret)  # fmt: skip
+    family.launch_gemm2(
+        hq, hs, a2, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(), route2,
+        y, cfg.gemm2, emulate_dot, interpret,
+    )  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 
@@ -361,7 +201,7 @@ def nvfp4_fused_moe_w4a4(
     w13_input_scale: scalar, [E] or [E, 2] fp32 (its max is the one activation global scale);
     w2_input_scale: scalar or [E] fp32 local-expert scales. config: W4A4 tiles (default: the W4A4
     entries of the autotune cache for T * k / num_global_experts tokens per expert, else
-    ``heuristic_config``). check_ids, num_global_experts: as in ``nvfp4_fused_moe`` (the id range check
+    ``variants.w4a4.heuristic_config``). check_ids, num_global_experts: as in ``nvfp4_fused_moe`` (the id range check
     syncs with the host). Raises RuntimeError off SM12x GPUs (the block-scaled FP4 mma exists only there;
     sm_90 compiles dot_scaled to a bf16 upcast) unless ``emulate_dot`` (the interpreter tests).
     NOT YET RUN ON SM120 HARDWARE.
@@ -410,7 +250,7 @@ def threshold_key(target, shape) -> str:
     from sglang_glm5 import autotune
 
     e, h, i = shape.num_experts, shape.hidden, shape.inter
-    return f"{autotune.owner(target, measured=True)}|w4a4.r{KERNEL_REVISION}|E={e},H={h},I={i}"
+    return f"{autotune.owner(target, measured=True)}|w4a4.r{family.KERNEL_REVISION}|E={e},H={h},I={i}"
 
 
 def store_threshold(path, target, shape, min_tokens: float | None, timings: dict[int, tuple[float, float]]) -> None:

@@ -13,7 +13,6 @@ Nothing here has run on SM120 hardware.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,21 +21,10 @@ import torch
 from sglang_glm5 import autotune, nvfp4, w4a4
 from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-
-TUNE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # tokens per expert; W4A4 is for prefill
-
+from sglang_glm5.variants import w4a4 as family
 
 # ---------------------------------------------------------------------------------------------
 # The tuner.
-
-
-def search_space(bucket: int) -> list[GemmConfig]:
-    """W4A4 candidates: prefill tiles; block_k 128 or 256 = two or four m16n8k64 FP4 mma steps."""
-    block_ms = (32, 64) if bucket <= 64 else (64, 128)
-    return [
-        GemmConfig(bm, bn, bk, warps, stages)
-        for bm, bn, bk, stages, warps in itertools.product(block_ms, (64, 128), (128, 256), (2, 3, 4), (4, 8))
-    ]
 
 
 def threshold_from_timings(timings: dict[int, tuple[float, float]]) -> int | None:
@@ -78,7 +66,7 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             weights, ids, tokens = balanced_routing(shape, max(bucket, shape.top_k), gen)
             x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
             a1 = (x.float().abs().max() / 2688.0).reshape(1)
-            xq, xs = w4a4.quantize_activations(x, a1)
+            xq, xs = family.quantize_activations(x, a1)
             h = nvfp4.quantize(torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda"))
             a2 = h.global_scale.float().reshape(1).expand(shape.num_experts).contiguous()
             inputs[bucket] = (xq, xs, a1, h.packed, h.scale.view(torch.uint8), a2, weights.reshape(-1), ids)
@@ -90,12 +78,15 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
             layer = layers[next(turn) % copies]
             if kernel == "gemm1":
                 hq_out, hs_out = torch.empty_like(hq), torch.empty_like(hs)
-                w4a4.launch_gemm1(xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out,
-                                  cfg, shape.top_k, 0, shape.inter, False)  # fmt: skip
+                family.launch_gemm1(
+                    xq, xs, a1, layer.w13, layer.w13_scale, layer.w13_scale_2, a2, route, hq_out, hs_out, cfg,
+                    shape.top_k, 0, shape.inter, False,
+                )  # fmt: skip
             else:
                 y = torch.empty(ids.numel(), shape.hidden, dtype=torch.bfloat16, device="cuda")
-                w4a4.launch_gemm2(hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg,
-                                  False, False)  # fmt: skip
+                family.launch_gemm2(
+                    hq, hs, a2, layer.w2, layer.w2_scale, layer.w2_scale_2, weights, route, y, cfg, False, False
+                )  # fmt: skip
 
         return triton.testing.do_bench(launch, warmup=5, rep=30, return_mode="median")
 
@@ -166,9 +157,7 @@ def after_tune(target: GpuTarget, shape, entries: dict, buckets: list, seed: int
         print(f"\ntune: {shape}: no threshold (not measured): path='auto' takes W4A4 only after this command "
               "ran on the GPU that serves")  # fmt: skip
         return 0
-    from sglang_glm5.variants import get
-
-    variant = get("w4a4")
+    variant = family.VARIANT
     picked = {}
     for b in buckets:
         keys = [autotune.cache_key(target, k, autotune.gemm_shape(k, shape), b, measured=True, variant=variant)

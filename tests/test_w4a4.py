@@ -16,6 +16,7 @@ from sglang_glm5.hardware import TARGETS
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a4 as family
 from sglang_glm5.w4a4_verify import activation_error_bound, calibrated_input_scales, reference_intermediates
 
 NVFP4_MMA = "kind::mxf4nvf4.block_scale.scale_vec::4X"  # e2m1 x e2m1, one ue4m3 scale per 16
@@ -143,9 +144,9 @@ def test_public_op_refuses_non_sm12x():
 def test_every_shipped_config_compiles_for_sm120_with_the_nvfp4_mma():
     """AOT for sm_120 (no GPU): fits 101376 B, and the PTX multiplies e2m1 x e2m1 with ue4m3 scales per 16.
     uint8 scales would silently compile to the mxfp4 form (ue8m0 per 32, scale_vec::2X): hence the full grep."""
-    jobs = [(kernel, cfg, 120) for cfg in w4a4.SHIPPED_CONFIGS for kernel in w4a4.KERNELS]
-    for (kernel, cfg, _), res in zip(jobs, w4a4.aot_compile(jobs), strict=True):
-        assert isinstance(res, w4a4.AotResult), f"{kernel} {cfg.label}: {res}"
+    jobs = [(kernel, cfg, 120) for cfg in family.SHIPPED_CONFIGS for kernel in family.KERNELS]
+    for (kernel, cfg, _), res in zip(jobs, family.aot_compile(jobs), strict=True):
+        assert isinstance(res, family.AotResult), f"{kernel} {cfg.label}: {res}"
         print(f"sm_120 {kernel} {cfg.label}: {res.shared} B, {res.mma}")
         assert res.target.startswith(".target sm_120")
         assert TARGETS["rtx-pro-6000"].fits(res.shared), f"{kernel} {cfg.label}: {res.shared} B > 101376 B"
@@ -154,8 +155,8 @@ def test_every_shipped_config_compiles_for_sm120_with_the_nvfp4_mma():
 
 def test_sm90_compile_is_a_bf16_upcast():
     """Recorded behaviour of Triton 3.8 for sm_90: dot_scaled compiles, but into bf16 wgmma (no FP4 there)."""
-    (res,) = w4a4.aot_compile([("gemm2", w4a4.SHIPPED_CONFIGS[0], 90)])
-    assert isinstance(res, w4a4.AotResult), res
+    (res,) = family.aot_compile([("gemm2", family.SHIPPED_CONFIGS[0], 90)])
+    assert isinstance(res, family.AotResult), res
     assert not any("mxf4" in m for m in res.mma) and any("bf16" in m for m in res.mma), res.mma
 
 
@@ -172,9 +173,9 @@ MODEL_SAMPLE = [
 
 def test_shared_memory_model_bounds_the_sm120_compile():
     """The tuner prunes by the model before compiling: it must never call a config smaller than it compiles."""
-    compiled = w4a4.compiled_shared_bytes_many(MODEL_SAMPLE, 120)
+    compiled = family.compiled_shared_bytes_many(MODEL_SAMPLE, 120)
     for (kernel, cfg), shared in zip(MODEL_SAMPLE, compiled, strict=True):
-        model = w4a4.model_shared_bytes(kernel, cfg)
+        model = family.model_shared_bytes(kernel, cfg)
         print(f"{kernel} {cfg.label}: model {model} B, compiled {shared} B")
         assert isinstance(shared, int), f"{kernel} {cfg.label}: {shared}"
         assert shared <= model <= 1.25 * shared, f"{kernel} {cfg.label}: model {model} B vs compiled {shared} B"

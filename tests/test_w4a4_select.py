@@ -21,6 +21,7 @@ from sglang_glm5.cli import main
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.variants import w4a4 as family
 from sglang_glm5.w4a4_select import resolve_path
 from sglang_glm5.w4a4_verify import run_selfcheck
 
@@ -125,7 +126,7 @@ def test_a_threshold_of_another_gpu_or_kernel_revision_does_not_count(fake_gpu, 
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # measured on another kind of GPU
     _tuned(1)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
-    monkeypatch.setattr(w4a4, "KERNEL_REVISION", w4a4.KERNEL_REVISION + 1)  # a new W4A4 kernel design
+    monkeypatch.setattr(family, "KERNEL_REVISION", family.KERNEL_REVISION + 1)  # a new W4A4 kernel design
     w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 
@@ -303,15 +304,15 @@ def test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache(caps
         kernel, bucket = keys[key]
         cfg = GemmConfig(**entry["config"])
         assert entry["measured"] is False and entry["ms"] is None
-        assert cfg == getattr(w4a4.heuristic_config(bucket), kernel)  # the heuristic fits sm_120
-        (compiled,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], 120)
+        assert cfg == getattr(family.heuristic_config(bucket), kernel)  # the heuristic fits sm_120
+        (compiled,) = family.compiled_shared_bytes_many([(kernel, cfg)], 120)
         assert entry["shared_bytes"] == compiled and SM120.fits(compiled)
     assert w4a4.THRESHOLD_KEY not in data  # offline: no threshold, so path='auto' stays on W4A16
     out = capsys.readouterr().out
     assert "not measured" in out and "no threshold" in out
     # The op's config lookup reads these entries back.
     cache = autotune.ConfigCache(SM120)
-    assert cache.lookup(shape, 300, "w4a4") == w4a4.heuristic_config(300)
+    assert cache.lookup(shape, 300, "w4a4") == family.heuristic_config(300)
 
 
 def test_w4a4_keys_survive_a_new_w4a16_kernel_revision():
@@ -343,7 +344,7 @@ def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
     benched = []
 
     def fake_bench(kernel, cfg, bucket):
-        (shared,) = w4a4.compiled_shared_bytes_many([(kernel, cfg)], 120)
+        (shared,) = family.compiled_shared_bytes_many([(kernel, cfg)], 120)
         assert SM120.fits(shared), f"benchmarked {kernel} {cfg.label}: {shared} B"
         benched.append((kernel, cfg))
         return 1.0 / cfg.block_m  # the tallest feasible tile wins
