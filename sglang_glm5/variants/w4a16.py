@@ -77,9 +77,8 @@ def search_space(bucket) -> list[GemmConfig]:
     block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
     warpgroup), so 8 warps only with block_n 128. From the H200 sweep (bench/h200/sweep_r2.log):
     block_k 512 never won and 2 stages rarely did with every expert busy. Below one token per expert
-    (decode under expert parallelism: few experts, split K) 2 stages are candidates too: at GLM-5 TP8
-    B = 1 gemm1 took 14.3 us with 16x64x256-w4-s2 against 16.0 with the cache's pick
-    (bench/h200/runs/exp_gemv_decode_run1.log on branch issue15-decode, docs/decode.md).
+    (decode: few experts active, split K, a few K steps per program) 2 stages are candidates too: at
+    GLM-5 TP8 m=1/32, 16x64x256-w4-s2 came within 2% of the winning gemm1 tile (bench/h200/runs/run15_*).
     """
     if bucket < 1:
         space = itertools.product((16,), (64, 128), (128, 256), (2, 3, 4), (4, 8))
