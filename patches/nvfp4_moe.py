@@ -199,9 +199,11 @@ def process_weights_hook(original, self, layer):
             scale.data.copy_(unswizzle_scales(scale.data, rows, cols).reshape(scale.shape))
     from sglang_glm5.weights import Nvfp4MoeWeights
 
+    # The Parameters themselves, not .data snapshots: a later rebind of a parameter's data (a reload of
+    # another shape, CPU offload) is what the bundle then reads.
     weights = Nvfp4MoeWeights.build(
-        layer.w13_weight.data, layer.w13_weight_scale.data, layer.w13_weight_scale_2.data, layer.w2_weight.data,
-        layer.w2_weight_scale.data, layer.w2_weight_scale_2.data,
+        layer.w13_weight, layer.w13_weight_scale, layer.w13_weight_scale_2, layer.w2_weight,
+        layer.w2_weight_scale, layer.w2_weight_scale_2,
         w13_order="up_gate" if self.load_up_proj_weight_first else "gate_up",
         w13_input_scale=local["w13_input_scale"], w2_input_scale=local["w2_input_scale"],
     )  # fmt: skip

@@ -105,8 +105,9 @@ CACHE_DIR = Switch(
 MOE_PATH = Switch(
     "SGLANG_GLM5_MOE_PATH", "auto \\| w4a16 \\| w4a4", "auto",
     "the path the SGLang plugin asks the op for: `auto` takes W4A4 only on an SM12x GPU where `tune --path w4a4` "
-    "passed its check against float64, from the threshold it measured; `w4a4` forces it (SM12x only, checked "
-    "when weights load)",
+    "passed its check against float64, from the threshold it measured, and dense prefill on sm_90 / sm_100 from "
+    "`SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS`; `w4a16` the W4A16 kernels only; `w4a4` forces W4A4 (SM12x only, "
+    "checked when weights load)",
     _choice("auto", "w4a16", "w4a4"),
 )  # fmt: skip
 DENSE_PREFILL_MIN_TOKENS = Switch(

@@ -87,7 +87,7 @@ def fused_moe(
 
     config: tiles for the W4A16 kernels (default: the autotune cache, else the heuristic); with
     path="auto" a config also keeps the call on those kernels (no W4A4, no dense prefill).
-    path: "w4a16" (NVFP4 weights, 16-bit activations), "w4a4" (SM12x only: activations quantized to
+    path: "w4a16" (the W4A16 kernels only), "w4a4" (SM12x only: activations quantized to
     NVFP4 with the weights' input scales, block-scaled FP4 tensor cores), "dense" (sm_90 / sm_100: the
     weights dequantized once to bf16, grouped GEMMs), or "auto" (``w4a4_select.resolve_path``, then dense
     prefill from ``prefill.min_tokens()`` tokens per expert where it runs, else W4A16).
@@ -128,8 +128,8 @@ def fused_moe(
             return run_w4a4(hidden_states, weights, topk_weights, topk_ids, out=out,
                             num_global_experts=num_global_experts)  # fmt: skip
     topk_ids = topk_ids.contiguous()
-    dense = config is None and not interpreting() and _dense_prefill(hidden_states.device, tokens_per_expert)
-    if path == "dense" or dense:
+    dense = path == "auto" and config is None and not interpreting()
+    if path == "dense" or (dense and _dense_prefill(hidden_states.device, tokens_per_expert)):
         return prefill.dense_moe(hidden_states, weights, topk_weights, topk_ids, out=out)
     return w4a16.run(hidden_states, weights, topk_weights, topk_ids, out=out, config=config,
                      num_global_experts=num_global_experts)  # fmt: skip

@@ -1,14 +1,10 @@
-"""Tile configs of the NVFP4 MoE kernels, their shared memory on a target GPU, and the default heuristic.
+"""Tile configs of the NVFP4 MoE GEMMs (``GemmConfig``, ``MoeConfig``) and the ahead-of-time compile of
+one kernel for a target GPU (``compile_for_target``: no GPU needed; Triton's ``metadata.shared`` is the
+shared memory a config takes there).
 
-Shared memory decides whether a config launches at all: SM120 gives a block 101376 B, Hopper 232448 B.
-Two answers, both without a GPU:
-
-- ``model_shared_bytes``: an analytic upper bound, for pruning large search spaces instantly;
-- ``compiled_shared_bytes``: Triton's own number, from compiling the kernel ahead of time for the
-  target (``metadata.shared``; oversized configs still compile, the limit is checked only at launch),
-  memoized on disk per Triton version and kernel source.
-
-The tests check on samples that the model never calls feasible a config the compiler does not.
+Each kernel family (``sglang_glm5.variants``) has its own search space, heuristic and shared-memory model
+on top of these: shared memory decides whether a config launches at all (SM120 gives a block 101376 B,
+Hopper 232448 B), and oversized configs still compile, the limit being checked only at launch.
 """
 
 from __future__ import annotations

@@ -253,15 +253,19 @@ def threshold_key(target, shape) -> str:
     return f"{autotune.owner(target, measured=True)}|w4a4.r{family.KERNEL_REVISION}|E={e},H={h},I={i}"
 
 
-def store_threshold(path, target, shape, min_tokens: float | None, timings: dict[int, tuple[float, float]]) -> None:
-    """Store the measured tokens per expert from which W4A4 is picked (None: never), locked and atomic.
-    ``tune --path w4a4`` calls it only after W4A4 passed its check against the float64 reference."""
+def store_threshold(
+    path, target, shape, min_tokens: float | None, timings: dict[int, tuple[float, float]], *, checked: list[int]
+) -> None:  # fmt: skip
+    """Store the measured tokens per expert from which W4A4 is picked (None: never), with the buckets whose
+    tiles passed the check against the float64 reference (``checked``: auto runs W4A4 at those only), locked
+    and atomic. ``tune --path w4a4`` stores a number only after that check passed."""
     import triton
 
     from sglang_glm5._files import update_json
 
     value = {
         "min_tokens_per_expert": min_tokens,
+        "checked_buckets": [int(b) for b in checked],
         "measured": True,
         "triton": triton.__version__,
         "ms": {str(b): {"w4a16": t16, "w4a4": t4} for b, (t16, t4) in sorted(timings.items())},
@@ -272,6 +276,18 @@ def store_threshold(path, target, shape, min_tokens: float | None, timings: dict
         table = table if isinstance(table, dict) else {}
         table[threshold_key(target, shape)] = value
         data[THRESHOLD_KEY] = table
+
+    update_json(path, update)
+
+
+def remove_threshold(path, target, shape) -> None:
+    """Remove this GPU's threshold for ``shape`` from a cache file (a tune whose check failed), locked and atomic."""
+    from sglang_glm5._files import update_json
+
+    def update(data: dict) -> None:
+        table = data.get(THRESHOLD_KEY)
+        if isinstance(table, dict):
+            table.pop(threshold_key(target, shape), None)
 
     update_json(path, update)
 
@@ -291,8 +307,11 @@ def load_threshold(target, shape, paths=None) -> dict | None:
         if value is None:
             continue
         m = value.get("min_tokens_per_expert", "missing") if isinstance(value, dict) else "missing"
-        if m is None or (isinstance(m, int | float) and not isinstance(m, bool) and m >= 0):
+        checked = value.get("checked_buckets") if isinstance(value, dict) else None
+        number = isinstance(m, int | float) and not isinstance(m, bool) and m >= 0
+        buckets = isinstance(checked, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in checked)
+        if (m is None or number) and buckets:
             return value
-        autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected a number >= 0 or null for "
-                             f"min_tokens_per_expert, got {m!r}")  # fmt: skip
+        autotune.report_once(f"{path}: skipping W4A4 threshold {key!r}: expected min_tokens_per_expert a number "
+                             f">= 0 or null and checked_buckets a list of ints, got {m!r} and {checked!r}")  # fmt: skip
     return None

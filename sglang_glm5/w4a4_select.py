@@ -9,9 +9,11 @@
   1. the device is an SM12x CUDA GPU and the layer's weights carry the input scales;
   2. ``sglang-glm5 tune --path w4a4`` ran on a GPU of this kind for this layer shape and stored a measured
      threshold. That run times W4A4 against W4A16 and checks W4A4 against the float64 reference with the
-     tiles it picked; it stores the threshold only when the check passes, under W4A4's kernel revision.
+     tiles it picked at each bucket it tuned; it stores the threshold and those buckets only when every
+     check passes, under W4A4's kernel revision (a failing re-tune removes the earlier threshold).
   3. tokens per expert >= that threshold ($SGLANG_GLM5_W4A4_MIN_TOKENS replaces the number, not the need
-     for a passing tune).
+     for a passing tune; a tune that found W4A4 never faster means never, whatever the switch says);
+  4. the call's bucket (``autotune.m_bucket``) is one the tune checked: W4A4 never runs tiles that no check ran.
   Nobody here has run W4A4 on SM120 hardware, so "auto" takes it only where a run on the GPU proved it.
 
 The device facts and thresholds are read once per device and shape and memoized, so a call costs dict
@@ -48,23 +50,25 @@ def _shape_tuple(shape) -> tuple[int, int, int]:
     return e, h, i
 
 
-def threshold_for(target, shape) -> float | None:
-    """Tokens per expert from which auto picks W4A4 on ``target`` for ``shape``; None when no passing
-    ``tune --path w4a4`` measured one (then never), infinity when it found W4A4 never faster."""
+def threshold_for(target, shape) -> tuple[float, frozenset[int]] | None:
+    """(tokens per expert from which auto picks W4A4 on ``target`` for ``shape``, the buckets whose tiles
+    the tune checked); None when no passing ``tune --path w4a4`` measured one (then never); an infinite
+    threshold when it found W4A4 never faster."""
     from sglang_glm5.shapes import MoeShape
     from sglang_glm5.w4a4 import load_threshold
 
     stored = load_threshold(target, MoeShape(*_shape_tuple(shape)))
     if stored is None:
         return None
+    checked = frozenset(stored["checked_buckets"])
+    if stored["min_tokens_per_expert"] is None:
+        return math.inf, checked
     override = min_tokens_from_env()
-    if override is not None:
-        return override
-    return math.inf if stored["min_tokens_per_expert"] is None else float(stored["min_tokens_per_expert"])
+    return (float(stored["min_tokens_per_expert"]) if override is None else override), checked
 
 
 _devices: dict[tuple[str, int | None], tuple[str | None, object]] = {}  # -> (why not W4A4, GpuTarget)
-_thresholds: dict[tuple, float | None] = {}  # (device key, (E, H, I)) -> threshold_for
+_thresholds: dict[tuple, tuple[float, frozenset[int]] | None] = {}  # (device key, (E, H, I)) -> threshold_for
 _told: set[tuple] = set()  # (what, device key, shape) already logged once
 
 
@@ -119,10 +123,13 @@ def resolve_path(path: str, device: torch.device, tokens_per_expert: float, shap
     shape_t = _shape_tuple(shape)
     if (key, shape_t) not in _thresholds:
         _thresholds[key, shape_t] = threshold_for(target, shape_t)
-    threshold = _thresholds[key, shape_t]
-    if threshold is None:
+    found = _thresholds[key, shape_t]
+    if found is None:
         _say_once(("untuned", key, shape_t), "W4A4 not tuned and checked on %s for layer E,H,I=%s (run "
                   "`sglang-glm5 tune --target local --path w4a4 --shape E,H,I` there): auto stays on W4A16",
                   device, shape_t)  # fmt: skip
         return "w4a16"
-    return "w4a4" if tokens_per_expert >= threshold else "w4a16"
+    from sglang_glm5.autotune import m_bucket
+
+    threshold, checked = found
+    return "w4a4" if tokens_per_expert >= threshold and m_bucket(tokens_per_expert) in checked else "w4a16"

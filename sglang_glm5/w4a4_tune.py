@@ -128,17 +128,17 @@ def op_bencher(shape, seed: int) -> Callable[[int, MoeConfig | None], tuple[floa
 
 def check_tiles(shape, picked: dict[int, MoeConfig], buckets: list[int], seed: int) -> bool:
     """W4A4 with the picked tiles against the float64 reference at each bucket (``w4a4_verify.run_selfcheck``,
-    one token count per bucket); True when a row failed."""
+    one token count per bucket, each run with its bucket's tiles); True when a row failed."""
     import math
 
-    from sglang_glm5.autotune import m_bucket
     from sglang_glm5.w4a4_verify import run_selfcheck
 
-    def op(x, *args):
-        tokens_per_expert = args[-3].numel() / shape.num_experts  # args: layer, topk weights, ids, a1, a2
-        return w4a4.nvfp4_fused_moe_w4a4(x, *args, config=picked[m_bucket(tokens_per_expert)])
+    bucket_of_tokens = {math.ceil(b * shape.num_experts / shape.top_k): b for b in buckets}
 
-    tokens = [math.ceil(b * shape.num_experts / shape.top_k) for b in buckets]
+    def op(x, *args):  # args: the layer, topk weights, topk ids, the input scales
+        return w4a4.nvfp4_fused_moe_w4a4(x, *args, config=picked[bucket_of_tokens[x.shape[0]]])
+
+    tokens = list(bucket_of_tokens)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     print(f"\ntune: checking W4A4 against float64 at T = {', '.join(map(str, tokens))}")
@@ -151,8 +151,10 @@ def check_tiles(shape, picked: dict[int, MoeConfig], buckets: list[int], seed: i
 
 def after_tune(target: GpuTarget, shape, entries: dict, buckets: list, seed: int, out: Path, measure: bool) -> int:
     """On the GPU (``measure``): time the whole W4A4 op against W4A16 with the picked tiles, find the
-    threshold, check W4A4 against float64 from it up, and store it only on a pass (exit code 1 on a
-    failure). Offline: no threshold, so path='auto' stays on W4A16 until this runs on the GPU."""
+    threshold, check W4A4 with each tuned bucket's tiles against float64, and store the threshold with the
+    checked buckets only on a pass. A failure removes any threshold stored before for this GPU and shape
+    (the tiles just stored replaced the ones it was checked with) and gives exit code 1. Offline: no
+    threshold, so path='auto' stays on W4A16 until this runs on the GPU."""
     if not measure:
         print(f"\ntune: {shape}: no threshold (not measured): path='auto' takes W4A4 only after this command "
               "ran on the GPU that serves")  # fmt: skip
@@ -170,14 +172,15 @@ def after_tune(target: GpuTarget, shape, entries: dict, buckets: list, seed: int
         print(f"\ntune: m={bucket}: W4A16 {timings[bucket][0]:.3f} ms, W4A4 {timings[bucket][1]:.3f} ms")
     threshold = threshold_from_timings(timings)
     if threshold is None:
-        w4a4.store_threshold(out, target, shape, None, timings)
+        w4a4.store_threshold(out, target, shape, None, timings, checked=[])
         print(f"\ntune: {shape}: W4A4 never faster here; path='auto' stays on W4A16 -> {out}")
         return 0
-    if check_tiles(shape, picked, [b for b in buckets if b >= threshold], seed):
-        print(f"\ntune: {shape}: W4A4 FAILED its check against the float64 reference; no threshold stored, "
-              "path='auto' stays on W4A16")  # fmt: skip
+    if check_tiles(shape, picked, list(buckets), seed):
+        w4a4.remove_threshold(out, target, shape)
+        print(f"\ntune: {shape}: W4A4 FAILED its check against the float64 reference; no threshold stored (an "
+              "earlier one removed), path='auto' stays on W4A16")  # fmt: skip
         return 1
-    w4a4.store_threshold(out, target, shape, threshold, timings)
+    w4a4.store_threshold(out, target, shape, threshold, timings, checked=list(buckets))
     print(f"\ntune: {shape}: W4A4 checked against float64; auto picks it from {threshold} tokens per expert "
           f"(measured) -> {out}")  # fmt: skip
     return 0

@@ -12,6 +12,7 @@ builds one per call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -52,8 +53,8 @@ class Nvfp4MoeWeights:
     w2_scale: torch.Tensor  # [E, H, I/16] e4m3
     w2_scale_2: torch.Tensor  # [E] fp32, contiguous
     w13_order: str  # "gate_up": w13 rows are [gate; up]; "up_gate": [up; gate]
-    a1: torch.Tensor | None  # [1] fp32: max of the checkpoint's w13 input scales (W4A4 only), else None
-    a2: torch.Tensor | None  # [E] fp32: the w2 input scales (W4A4 only), else None
+    w13_input_scale: torch.Tensor | float | None  # scalar, [E] or [E, 2]: the checkpoint's (W4A4 only)
+    w2_input_scale: torch.Tensor | float | None  # scalar or [E]
 
     @classmethod
     def build(
@@ -103,11 +104,30 @@ class Nvfp4MoeWeights:
                 raise ValueError(f"{name}: expected device {device} (that of w13), got {t.device}")
         if (w13_input_scale is None) != (w2_input_scale is None):
             raise ValueError("w13_input_scale, w2_input_scale: expected both (the W4A4 path needs them) or neither")
-        a1 = a2 = None
-        if w13_input_scale is not None:
-            a1 = torch.as_tensor(w13_input_scale, dtype=torch.float32, device=device).max().reshape(1)
-            a2 = per_expert_scale(w2_input_scale, num_experts, "w2_input_scale", device)
-        return cls(w13, w13_scale, w13_scale_2.contiguous(), w2, w2_scale, w2_scale_2.contiguous(), w13_order, a1, a2)
+        w2_in = torch.as_tensor(w2_input_scale) if isinstance(w2_input_scale, torch.Tensor) else None
+        if w2_in is not None and not (w2_in.dim() == 0 or tuple(w2_in.shape) == (num_experts,)):
+            raise ValueError(f"w2_input_scale: expected a scalar or shape [{num_experts}], got {list(w2_in.shape)}")
+        return cls(
+            w13, w13_scale, w13_scale_2.contiguous(), w2, w2_scale, w2_scale_2.contiguous(), w13_order,
+            w13_input_scale, w2_input_scale,
+        )  # fmt: skip
+
+    # The W4A4 path's activation global scales, computed on its first use (a call that never takes W4A4
+    # pays nothing for them).
+
+    @cached_property
+    def a1(self) -> torch.Tensor | None:
+        """[1] fp32: the max of the w13 input scales, W4A4's one activation scale for x; None without them."""
+        if self.w13_input_scale is None:
+            return None
+        return torch.as_tensor(self.w13_input_scale, dtype=torch.float32, device=self.device).max().reshape(1)
+
+    @cached_property
+    def a2(self) -> torch.Tensor | None:
+        """[E] fp32: the w2 input scales per local expert; None without them."""
+        if self.w2_input_scale is None:
+            return None
+        return per_expert_scale(self.w2_input_scale, self.num_experts, "w2_input_scale", self.device)
 
     @property
     def num_experts(self) -> int:
@@ -137,7 +157,7 @@ class Nvfp4MoeWeights:
 
     @property
     def has_input_scales(self) -> bool:
-        return self.a1 is not None
+        return self.w13_input_scale is not None
 
     def args(self) -> tuple[torch.Tensor, ...]:
         """The six tensors in the order of the loose-tensor signatures (``nvfp4_fused_moe``, the reference)."""

@@ -231,8 +231,9 @@ def test_hooked_method_matches_reference(sg, plugin_on, case: Case, gen, monkeyp
             want = swizzle_scales(full.w13_scale[sl]).view(torch.uint8)
             assert torch.equal(layer.w13_blockscale_swizzled.view(torch.uint8), want)
         bundle = getattr(layer, nvfp4_moe.WEIGHTS_ATTR)  # checked once; the layer's own tensors, no copies
-        assert bundle.w13_order == "gate_up" and bundle.w13.data_ptr() == layer.w13_weight.data_ptr()
-        assert bundle.w13_scale.data_ptr() == layer.w13_weight_scale.data_ptr()
+        assert bundle.w13_order == "gate_up" and bundle.w13 is layer.w13_weight  # the Parameter, no snapshot
+        assert bundle.w13_scale is layer.w13_weight_scale
+        assert bundle.w2_scale_2.data_ptr() == layer.w2_weight_scale_2.data_ptr()
         assert torch.equal(bundle.a1, input_scales[0][sl].max().reshape(1))
         assert torch.equal(bundle.a2, input_scales[1][sl])
         assert layer.w13_input_scale.shape == (case.num_experts, 2)  # the loader's global-sized parameter is back

@@ -65,9 +65,13 @@ def fake_gpu(monkeypatch):
     return install
 
 
-def _tuned(threshold: float | None, shape=SHAPE) -> None:
-    """What a passing `tune --path w4a4` on this GPU leaves in the user cache: the measured threshold."""
-    w4a4.store_threshold(autotune.user_cache_path(SM120), SM120, shape, threshold, {64: (1.0, 0.8)})
+CHECKED = tuple(2**n for n in range(13))  # every bucket, 1 .. 4096 tokens per expert
+
+
+def _tuned(threshold: float | None, shape=SHAPE, checked=CHECKED) -> None:
+    """What a passing `tune --path w4a4` on this GPU leaves in the user cache: the measured threshold and
+    the buckets whose tiles it checked."""
+    w4a4.store_threshold(autotune.user_cache_path(SM120), SM120, shape, threshold, {64: (1.0, 0.8)}, checked=checked)
     w4a4_select.clear_memo()
 
 
@@ -115,14 +119,16 @@ def test_auto_takes_w4a4_only_after_a_passing_tune_from_its_threshold(fake_gpu):
 
 def test_auto_never_w4a4_off_sm12x_even_with_a_threshold(fake_gpu):
     fake_gpu(TARGETS["h200"])
-    w4a4.store_threshold(autotune.user_cache_path(TARGETS["h200"]), TARGETS["h200"], SHAPE, 1, {1: (1.0, 0.5)})
+    w4a4.store_threshold(
+        autotune.user_cache_path(TARGETS["h200"]), TARGETS["h200"], SHAPE, 1, {1: (1.0, 0.5)}, checked=CHECKED
+    )
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 
 
 def test_a_threshold_of_another_gpu_or_kernel_revision_does_not_count(fake_gpu, monkeypatch):
     fake_gpu()
     server = TARGETS["rtx-pro-6000-server"]
-    w4a4.store_threshold(autotune.user_cache_path(server), server, SHAPE, 1, {1: (1.0, 0.5)})
+    w4a4.store_threshold(autotune.user_cache_path(server), server, SHAPE, 1, {1: (1.0, 0.5)}, checked=CHECKED)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # measured on another kind of GPU
     _tuned(1)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
@@ -134,10 +140,30 @@ def test_a_threshold_of_another_gpu_or_kernel_revision_does_not_count(fake_gpu, 
 def test_thresholds_are_memoized_until_cleared(fake_gpu):
     fake_gpu()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
-    w4a4.store_threshold(autotune.user_cache_path(SM120), SM120, SHAPE, 1, {1: (1.0, 0.5)})  # behind its back
+    path = autotune.user_cache_path(SM120)
+    w4a4.store_threshold(path, SM120, SHAPE, 1, {1: (1.0, 0.5)}, checked=CHECKED)  # behind its back
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
     w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
+
+
+def test_auto_runs_w4a4_only_at_the_buckets_the_tune_checked(fake_gpu, monkeypatch):
+    fake_gpu()
+    _tuned(64, checked=[64, 128])  # a tune over --batch-sizes 64,128
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a4"
+    assert resolve_path("auto", CUDA, 100, SHAPE, **SCALES) == "w4a4"  # bucket 128
+    assert resolve_path("auto", CUDA, 200, SHAPE, **SCALES) == "w4a16"  # bucket 256: no check ran its tiles
+    monkeypatch.setenv(MIN_TOKENS_ENV, "16")  # the switch moves the threshold, not the checked buckets
+    w4a4_select.clear_memo()
+    assert resolve_path("auto", CUDA, 16, SHAPE, **SCALES) == "w4a16"
+
+
+def test_never_faster_means_never_whatever_the_switch_says(fake_gpu, monkeypatch):
+    fake_gpu()
+    _tuned(None, checked=[])  # stored without a check: W4A4 lost at every bucket
+    monkeypatch.setenv(MIN_TOKENS_ENV, "1")
+    w4a4_select.clear_memo()
+    assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 
 
 def test_a_broken_cache_file_means_untuned_not_an_error(fake_gpu, caplog):
@@ -264,25 +290,41 @@ def test_selfcheck_cli_exits_2_off_sm12x(capsys):
 # tune --path w4a4
 
 
-@pytest.mark.parametrize("check_fails", [False, True])
-def test_tune_on_the_gpu_stores_the_threshold_only_after_the_check_passes(fake_gpu, monkeypatch, capsys,
-                                                                           check_fails):  # fmt: skip
-    """The measured run, its GPU parts faked: tiles timed, both ops timed (W4A4 faster from m=64), then
-    the check against float64 with the picked tiles from the threshold up."""
-    fake_gpu()
-    monkeypatch.setattr(w4a4_tune, "kernel_bencher", lambda shape, seed: lambda kernel, cfg, bucket: cfg.block_m)
+def _fake_gpu_tune(monkeypatch, check_fails: bool, checked: list) -> int:
+    """`tune --path w4a4 --target local` with its GPU parts faked: tiles timed (the tallest block_m wins),
+    both ops timed (W4A4 faster from m=64), then the check against float64 of every tuned bucket's tiles."""
+    monkeypatch.setattr(w4a4_tune, "kernel_bencher", lambda shape, seed: lambda kernel, cfg, bucket: 1 / cfg.block_m)
     monkeypatch.setattr(w4a4_tune, "op_bencher", lambda shape, seed: lambda m, cfg: (1.0, 2.0 if m < 64 else 0.5))
-    checked = []
     monkeypatch.setattr(w4a4_tune, "check_tiles",
                         lambda shape, picked, buckets, seed: checked.append(buckets) or check_fails)  # fmt: skip
     argv = ["tune", "--path", "w4a4", "--target", "local", "--shape", "8,256,128", "--batch-sizes", "16,64,256"]
-    assert main(argv) == (1 if check_fails else 0)
-    assert checked == [[64, 256]]  # the buckets where auto would take W4A4
+    rc = main(argv)
     w4a4_select.clear_memo()
+    return rc
+
+
+@pytest.mark.parametrize("check_fails", [False, True])
+def test_tune_on_the_gpu_stores_the_threshold_only_after_the_check_passes(fake_gpu, monkeypatch, capsys,
+                                                                           check_fails):  # fmt: skip
+    fake_gpu()
+    checked = []
+    assert _fake_gpu_tune(monkeypatch, check_fails, checked) == (1 if check_fails else 0)
+    assert checked == [[16, 64, 256]]  # every tuned bucket's tiles
     want = "w4a16" if check_fails else "w4a4"
     assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == want
-    assert resolve_path("auto", CUDA, 16, SHAPE, **SCALES) == "w4a16"
+    assert resolve_path("auto", CUDA, 16, SHAPE, **SCALES) == "w4a16"  # below the measured threshold
     assert ("FAILED its check" in capsys.readouterr().out) == check_fails
+
+
+def test_a_failing_retune_takes_back_the_earlier_threshold(fake_gpu, monkeypatch):
+    """The second tune stored new tiles and failed: auto must not run them on the first tune's threshold."""
+    fake_gpu()
+    assert _fake_gpu_tune(monkeypatch, False, []) == 0
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a4"
+    assert _fake_gpu_tune(monkeypatch, True, []) == 1
+    assert resolve_path("auto", CUDA, 64, SHAPE, **SCALES) == "w4a16"
+    stored = json.loads(autotune.user_cache_path(SM120).read_text())
+    assert w4a4.threshold_key(SM120, SHAPE) not in stored.get(w4a4.THRESHOLD_KEY, {})
 
 
 def _digest(path) -> str:
