@@ -78,3 +78,30 @@ def test_dense_path_matches_reference(num_tokens, top_k, remote_fraction, w13_or
         got = prefill.dense_moe(dev_args[0], bundle, *dev_args[7:], out=out)
     err = (got.cpu().double() - want).norm() / want.norm()
     assert err < 1e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    "path, tokens_per_expert_above, want",
+    [
+        ("auto", True, "dense"),  # what a server runs: dense prefill from the threshold
+        ("auto", False, "w4a16"),
+        ("w4a16", True, "w4a16"),  # pins the W4A16 kernels
+        ("dense", False, "dense"),  # forced at any size
+    ],
+)
+def test_which_path_a_call_takes_on_a_dense_capable_gpu(path, tokens_per_expert_above, want, gen, monkeypatch):
+    """The dispatch alone (no GPU here): prefill.available and the interpreter check are faked."""
+    from sglang_glm5 import moe
+    from sglang_glm5.variants import w4a16
+
+    taken = []
+    monkeypatch.setattr(moe, "interpreting", lambda: False)
+    monkeypatch.setattr(prefill, "available", lambda device: True)
+    monkeypatch.setenv(prefill.ENV_MIN_TOKENS, "2" if tokens_per_expert_above else "1000")
+    monkeypatch.setattr(prefill, "dense_moe", lambda *a, out, **k: taken.append("dense") or out)
+    monkeypatch.setattr(w4a16, "run", lambda *a, out, **k: taken.append("w4a16") or out)
+    layer = random_layer(4, 64, 32, gen)
+    x = torch.randn(8, 64, generator=gen).bfloat16()
+    weights, ids = random_routing(8, 4, 2, gen)  # 16 pairs over 4 experts: 4 tokens per expert
+    nvfp4_fused_moe(x, *layer.args(), weights, ids, path=path)
+    assert taken == [want]
