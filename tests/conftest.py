@@ -39,3 +39,21 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+@pytest.fixture(scope="module")
+def sglang_with_plugin():
+    """SGLang's plugins loaded the way SGLang loads them (``load_plugins``), ours applied; SGLang's
+    ``prepare_server_args``. Skips where SGLang's modules are not installed (scripts/dev_setup.sh)."""
+    pytest.importorskip("sglang.srt.plugins", reason="SGLang's modules are not installed (scripts/dev_setup.sh)")
+    import sglang.srt.plugins as plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_glm5 import patches
+
+    saved = plugins._plugins_loaded
+    plugins._plugins_loaded = False
+    plugins.load_plugins()
+    assert patches.is_applied(), "load_plugins() did not apply the sglang_glm5 plugin"
+    yield prepare_server_args
+    plugins._plugins_loaded = saved

@@ -59,19 +59,8 @@ def _dry_run(capsys, model_dir: Path, *args: str) -> tuple[list[str], str]:
 
 
 @pytest.fixture(scope="module")
-def sg():
-    pytest.importorskip("sglang.srt.plugins", reason="SGLang's modules are not installed (scripts/dev_setup.sh)")
-    import sglang.srt.plugins as plugins
-    from sglang.srt.server_args import prepare_server_args
-
-    from sglang_glm5 import patches
-
-    saved = plugins._plugins_loaded
-    plugins._plugins_loaded = False
-    plugins.load_plugins()
-    assert patches.is_applied(), "load_plugins() did not apply the sglang_glm5 plugin"
-    yield prepare_server_args
-    plugins._plugins_loaded = saved
+def sg(sglang_with_plugin):
+    return sglang_with_plugin
 
 
 def _resolved(prepare, argv: list[str], monkeypatch) -> dict:

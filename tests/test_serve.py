@@ -69,22 +69,13 @@ def _command(out: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sg():
+def sg(sglang_with_plugin):
     """SGLang's argument parser with the plugin loaded the way SGLang loads it (load_plugins)."""
-    pytest.importorskip("sglang.srt.plugins", reason="SGLang's modules are not installed (scripts/dev_setup.sh)")
-    import sglang.srt.plugins as plugins
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.srt.server_args import ServerArgs
 
-    from sglang_glm5 import patches
-
-    saved = plugins._plugins_loaded
-    plugins._plugins_loaded = False
-    plugins.load_plugins()
-    assert patches.is_applied(), "load_plugins() did not apply the sglang_glm5 plugin"
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    yield prepare_server_args, {opt: action for action in parser._actions for opt in action.option_strings}
-    plugins._plugins_loaded = saved
+    return sglang_with_plugin, {opt: action for action in parser._actions for opt in action.option_strings}
 
 
 def _check_round_trip(sg, argv: list[str]) -> object:
