@@ -292,6 +292,34 @@ class ConfigCache:
         return None
 
 
+_device_caches: dict[int, ConfigCache] = {}
+
+
+def pick_config(path: str, tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device) -> MoeConfig:
+    """The tiles of kernel family ``path`` for a call on ``device`` (a torch.device): this GPU's cache
+    (``ConfigCache.lookup``), else the family's heuristic; the heuristic off CUDA (the interpreter).
+
+    One ``ConfigCache`` per GPU serves every family; it is read once per process (``forget_device_caches``
+    reads the files again) and memoizes its answers, so a call costs a dict lookup.
+    """
+    if device.type != "cuda":
+        return variants.get(path).heuristic(tokens_per_expert)
+    import torch
+
+    from sglang_glm5.hardware import detect
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cache = _device_caches.get(index)
+    if cache is None:
+        cache = _device_caches[index] = ConfigCache(detect(index))
+    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, path)
+
+
+def forget_device_caches() -> None:
+    """Make the next ``pick_config`` read the cache files again (after a tune stored new entries; tests)."""
+    _device_caches.clear()
+
+
 def store(path: Path, target: GpuTarget, items: dict[str, Entry]) -> None:
     """Merge entries into a cache file (locked, atomic)."""
     import torch

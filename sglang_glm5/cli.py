@@ -196,10 +196,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
-    if args.path == "w4a4":
-        from sglang_glm5.w4a4_select import clear_memo
+    from sglang_glm5.w4a4_select import clear_memo
 
-        clear_memo()
+    clear_memo()  # the op in this process reads the new entries and thresholds
     return rc
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from sglang_glm5 import prefill
-from sglang_glm5.routing import check_ids_in_range, interpreting, validate_call
+from sglang_glm5.routing import check_ids_in_range, check_options, interpreting, validate_call
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.variants import w4a16
 from sglang_glm5.weights import Nvfp4MoeWeights
@@ -104,14 +104,8 @@ def fused_moe(
         return out
     if check_ids:
         check_ids_in_range(topk_ids, num_experts)
-    if config is not None and not isinstance(config, MoeConfig):
-        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
-    num_pairs = num_tokens * top_k
-    if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):
-        raise ValueError(
-            f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
-        )
-    tokens_per_expert = num_pairs / (num_global_experts or num_experts)
+    check_options(config, num_global_experts, num_experts)
+    tokens_per_expert = num_tokens * top_k / (num_global_experts or num_experts)
     if path not in PATHS:
         raise ValueError(f"path: expected one of {', '.join(repr(p) for p in PATHS)}, got {path!r}")
     if path == "dense" and (config is not None or not prefill.available(hidden_states.device)):

@@ -63,6 +63,17 @@ def validate_call(hidden_states, weights: Nvfp4MoeWeights, topk_weights, topk_id
     return num_tokens, top_k
 
 
+def check_options(config, num_global_experts, num_experts: int) -> None:
+    """The op's keyword options: ``config`` a MoeConfig or None, ``num_global_experts`` None or an int of at
+    least the local experts (TypeError / ValueError naming them)."""
+    if config is not None and not isinstance(config, MoeConfig):
+        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
+    if num_global_experts is not None and (not isinstance(num_global_experts, int) or num_global_experts < num_experts):
+        raise ValueError(
+            f"num_global_experts: expected an int >= the {num_experts} local experts, got {num_global_experts!r}"
+        )
+
+
 def check_ids_in_range(topk_ids: torch.Tensor, num_experts: int) -> None:
     """-1 (expert on another rank) or a local expert id; skipped while a CUDA graph is captured."""
     if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():

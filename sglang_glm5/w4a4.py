@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_glm5 import hardware, nvfp4
+from sglang_glm5 import autotune, hardware, nvfp4
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.variants import w4a4 as family
 from sglang_glm5.weights import Nvfp4MoeWeights, per_expert_scale
@@ -96,41 +96,6 @@ def nvfp4_fused_moe_w4a4_emulated(
     return acc.to(out_dtype)
 
 
-_caches: dict[int, object] = {}
-_picked: dict[tuple, MoeConfig] = {}
-
-
-def clear_memo() -> None:
-    """Forget the cache files and tiles ``pick_config`` read (``w4a4_select.clear_memo`` calls this)."""
-    _caches.clear()
-    _picked.clear()
-
-
-def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
-    """The W4A4 entries of this GPU's autotune cache (``sglang-glm5 tune --path w4a4``), else the heuristic.
-
-    tokens_per_expert: T * k / num_global_experts, as ``moe.fused_moe`` estimates it. The cache is read
-    once per device and the answers are memoized: a call costs a dict lookup.
-    """
-    if device.type != "cuda":
-        return family.heuristic_config(tokens_per_expert)
-    from sglang_glm5 import autotune
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, num_experts, hidden, inter, autotune.bucket_of(tokens_per_expert))
-    cfg = _picked.get(key)
-    if cfg is None:
-        from sglang_glm5.hardware import detect
-        from sglang_glm5.shapes import MoeShape
-
-        cache = _caches.get(index)
-        if cache is None:
-            cache = _caches[index] = autotune.ConfigCache(detect(index))
-        shape = MoeShape(num_experts, hidden, inter)
-        cfg = _picked[key] = cache.lookup(shape, tokens_per_expert, "w4a4")
-    return cfg
-
-
 def run_w4a4(
     hidden_states: torch.Tensor,
     weights: Nvfp4MoeWeights,
@@ -154,7 +119,7 @@ def run_w4a4(
     device = hidden_states.device
     num_pairs = num_tokens * top_k
     tokens_per_expert = num_pairs / (num_global_experts or num_experts)  # as moe.fused_moe estimates it
-    cfg = config or pick_config(tokens_per_expert, num_experts, hidden, inter, device)
+    cfg = config or autotune.pick_config("w4a4", tokens_per_expert, num_experts, hidden, inter, device)
     interpret = interpreting()
     topk_ids = topk_ids.contiguous()
     gate_row0, up_row0 = weights.gate_up_rows
@@ -206,7 +171,7 @@ def nvfp4_fused_moe_w4a4(
     sm_90 compiles dot_scaled to a bf16 upcast) unless ``emulate_dot`` (the interpreter tests).
     NOT YET RUN ON SM120 HARDWARE.
     """
-    from sglang_glm5.routing import check_ids_in_range, validate_call
+    from sglang_glm5.routing import check_ids_in_range, check_options, validate_call
 
     if not emulate_dot:
         got = hardware.w4a4_problem(hidden_states.device if isinstance(hidden_states, torch.Tensor) else None)
@@ -222,13 +187,7 @@ def nvfp4_fused_moe_w4a4(
         return out
     if check_ids:
         check_ids_in_range(topk_ids, weights.num_experts)
-    if config is not None and not isinstance(config, MoeConfig):
-        raise TypeError(f"config: expected MoeConfig or None, got {type(config).__name__}")
-    if num_global_experts is not None and (
-        not isinstance(num_global_experts, int) or num_global_experts < weights.num_experts
-    ):
-        raise ValueError(f"num_global_experts: expected an int >= the {weights.num_experts} local experts, got "
-                         f"{num_global_experts!r}")  # fmt: skip
+    check_options(config, num_global_experts, weights.num_experts)
     return run_w4a4(hidden_states, weights, topk_weights, topk_ids, out=out, config=config, emulate_dot=emulate_dot,
                     num_global_experts=num_global_experts)  # fmt: skip
 
@@ -247,8 +206,6 @@ THRESHOLD_KEY = "w4a4_threshold"
 
 def threshold_key(target, shape) -> str:
     """The key of the measured threshold of a layer shape on a target (under W4A4's kernel revision)."""
-    from sglang_glm5 import autotune
-
     e, h, i = shape.num_experts, shape.hidden, shape.inter
     return f"{autotune.owner(target, measured=True)}|w4a4.r{family.KERNEL_REVISION}|E={e},H={h},I={i}"
 
@@ -296,8 +253,6 @@ def load_threshold(target, shape, paths=None) -> dict | None:
     """The stored threshold entry ({"min_tokens_per_expert": number or None, ...}) of a passing
     ``tune --path w4a4`` on this kind of GPU, from the first file that has it (``autotune.cache_files``:
     the user's over the shipped ones); None when none has one. Broken files and entries are reported once."""
-    from sglang_glm5 import autotune
-
     paths = autotune.cache_files(target) if paths is None else paths
     key = threshold_key(target, shape)
     for path in paths:

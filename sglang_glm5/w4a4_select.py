@@ -73,12 +73,12 @@ _told: set[tuple] = set()  # (what, device key, shape) already logged once
 
 
 def clear_memo() -> None:
-    """Forget what resolve_path read (device facts, thresholds) and the W4A4 tiles pick_config memoized."""
-    from sglang_glm5 import w4a4
+    """Forget what resolve_path read (device facts, thresholds) and the tiles ``autotune.pick_config`` read."""
+    from sglang_glm5 import autotune
 
     for memo in (_devices, _thresholds, _told):
         memo.clear()
-    w4a4.clear_memo()
+    autotune.forget_device_caches()
 
 
 def _facts(device: torch.device) -> tuple[tuple[str, int | None], str | None, object]:

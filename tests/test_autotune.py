@@ -383,15 +383,14 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
 @pytest.mark.parametrize("path", ["w4a16", "w4a4"])
 def test_the_ops_pick_config_reads_the_shipped_cache_of_the_gpu(monkeypatch, path):
     """What a CUDA call asks for (no GPU here: the device is faked): the shipped sm_120 entries, per family."""
-    from sglang_glm5 import hardware, w4a4
-    from sglang_glm5.variants import w4a16
+    from sglang_glm5 import hardware
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)
     monkeypatch.setattr(hardware, "detect", lambda *a: SM120)
-    module = w4a16 if path == "w4a16" else w4a4
-    monkeypatch.setattr(module, "_caches", {})
+    autotune.forget_device_caches()
     ep8 = MoeShape(32, 6144, 2048)
-    got = module.pick_config(1 / 32, ep8.num_experts, ep8.hidden, ep8.inter, torch.device("cuda", 7))
+    got = autotune.pick_config(path, 1 / 32, ep8.num_experts, ep8.hidden, ep8.inter, torch.device("cuda", 7))
+    autotune.forget_device_caches()  # cuda:7 was a fake
     assert got == ConfigCache(SM120).lookup(ep8, 1 / 32, path)
     if path == "w4a16":  # the shipped decode pick, not the heuristic
         key = cache_key(SM120, "gemm1", gemm_shape("gemm1", ep8), autotune.bucket_of(1 / 32), measured=False)

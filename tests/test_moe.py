@@ -272,9 +272,11 @@ def test_check_ids_off_drops_out_of_range_ids_without_a_sync(gen, device):
 def test_num_global_experts_sets_tokens_per_expert(gen, device, monkeypatch):
     # Under expert parallelism (ids of other ranks' experts are -1) the tile choice must use
     # T * k / global experts, not T * k / local experts: 8x too many under EP8.
+    from sglang_glm5 import autotune
+
     seen = []
-    real = w4a16.pick_config
-    monkeypatch.setattr(w4a16, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
+    real = autotune.pick_config
+    monkeypatch.setattr(autotune, "pick_config", lambda path, tpe, *a: seen.append(tpe) or real(path, tpe, *a))
     args = _good(gen, device)  # T = 3, k = 2, E = 4 local experts
     nvfp4_fused_moe(**args)
     nvfp4_fused_moe(**args, num_global_experts=32)

@@ -120,9 +120,11 @@ def test_kernels_match_the_emulation_in_the_interpreter(case, config, gen):
 def test_tiles_are_picked_by_tokens_per_global_expert(monkeypatch, gen):
     """Under expert parallelism moe.nvfp4_fused_moe hands w4a4_select.resolve_path T * k / num_global_experts;
     the W4A4 op must pick its tiles on that same estimate, or auto would vouch for tiles other than those run."""
+    from sglang_glm5 import autotune
+
     seen = []
-    real = w4a4.pick_config
-    monkeypatch.setattr(w4a4, "pick_config", lambda tpe, *a: seen.append(tpe) or real(tpe, *a))
+    real = autotune.pick_config
+    monkeypatch.setattr(autotune, "pick_config", lambda path, tpe, *a: seen.append(tpe) or real(path, tpe, *a))
     case = Case(16, top_k=4, remote_fraction=0.5)  # 64 pairs over 8 local experts of 32
     x, args, weights, ids, a1, a2, _ = _problem(case, gen)
     w4a4.nvfp4_fused_moe_w4a4(

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import triton
 
+from sglang_glm5 import autotune
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots
@@ -456,7 +457,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     num_global = num_global_experts or num_experts
     device = hidden_states.device
     interpret = interpreting()
-    cfg = config or pick_config(num_pairs / num_global, num_experts, hidden, inter, device)
+    cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
 
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
@@ -478,27 +479,6 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
-
-
-_caches: dict[int, object] = {}
-
-
-def pick_config(tokens_per_expert: float, num_experts: int, hidden: int, inter: int, device: torch.device) -> MoeConfig:
-    """The config for a call: the autotune cache of this GPU when it knows the shape, else the heuristic.
-
-    The cache is read once per device and its answers are memoized, so a call costs a dict lookup.
-    """
-    if device.type != "cuda":
-        return heuristic_config(tokens_per_expert)
-    from sglang_glm5.autotune import ConfigCache
-    from sglang_glm5.hardware import detect
-    from sglang_glm5.shapes import MoeShape
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cache = _caches.get(index)
-    if cache is None:
-        cache = _caches[index] = ConfigCache(detect(index))
-    return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, "w4a16")
 
 
 VARIANT = KernelVariant(
