@@ -33,10 +33,16 @@ type's exponent and the top of its mantissa, and its sign at bit 15, are exactly
 (fp16) or e2m1 * 2^-126 (bf16), subnormals included. Times the block scale, converted once per
 group of 16 to scale * 2^7 (fp16) or scale * 2^119 (bf16), that gives e2m1 * scale * 2^-7 in both
 types, exact (at most 6 significant bits, >= 2^-17). On the GPU this is inline PTX on 32-bit
-registers holding two words: per nibble position two shifts, an and and a lop3 place both lanes,
+registers holding two words, one call per code position: shifts and ands / lop3s place both lanes,
 and one packed multiply applies the scales. Every output depends only on the word at its own
 position, so the result is right in whatever register layout the compiler gives the tile. The
 epilogue multiplies by global_scale * 2^7 (``DECODE_UNSCALE``).
+
+``LAYOUT`` says where the codes' bits sit in a word and what the block scales are: 0, the
+checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8
+codes, 4.5 per scale); 1, the kernel layout that ``nvfp4.to_kernel_layout`` writes once at load time
+(11 per register, one multiply-add per scale code). gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6):
+1424 instructions a K step against 1817.
 
 ``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
@@ -47,35 +53,76 @@ fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand
 import triton
 import triton.language as tl
 
+from sglang_glm5.nvfp4 import WORD_BITS
+
 # Weights are decoded as value * 2^-7: the epilogue multiplies by 2^7.
 DECODE_UNSCALE = 2.0**7
 
-# Inputs: $4 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
-# holding 4 nibbles = K elements 4c .. 4c + 3; $5 = their two block scales as a packed pair.
-# Output q (0..3) = the pair (nibble q of element c, nibble q of element c + 1): the two lanes are
-# 16 bits apart in the input as in the output, so one shift places both.
+# Inputs: $1 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
+# holding 4 codes = K elements 4c .. 4c + 3; $2 = their block scales as a packed pair of 16-bit floats
+# (checkpoint layout) or of scale codes (kernel layout, ``nvfp4.scale_codes``). Output = the pair
+# (code q of element c, code q of element c + 1): the two lanes are 16 bits apart in the input as in the
+# output, so one shift moves both.
 
 
-def _decode_ptx(bf16: bool) -> str:
-    # fp16: magnitude -> bits 9-11 (exponent 11-10, mantissa 9); bf16: -> bits 6-8 (exponent 8-7, mantissa 6).
-    top = 6 if bf16 else 9
-    mask = "0x01C001C0" if bf16 else "0x0E000E00"
-    lines = ["{", ".reg .b32 m, s, z;", "mov.b32 z, 0x80008000;"]  # z = (-0, -0): x * y + z = x * y
-    for q in range(4):  # nibble q sits at bits 4q .. 4q + 3 of each 16-bit lane
-        shift = top - 4 * q  # magnitude bits 4q .. 4q + 2
-        lines.append(f"shl.b32 m, $4, {shift};" if shift > 0 else f"shr.b32 m, $4, {-shift};")
-        lines.append(f"and.b32 m, m, {mask};")
-        sign = 12 - 4 * q  # sign bit 4q + 3 -> 15
-        if sign:
-            lines.append(f"shl.b32 s, $4, {sign};")
-        lines.append(f"lop3.b32 m, m, {'s' if sign else '$4'}, 0x80008000, 0xF8;")  # m | (s & 0x80008000)
-        # fma rather than mul: mul.bf16x2 needs sm_90, fma.rn.bf16x2 sm_80.
-        lines.append(f"fma.rn.{'bf16x2' if bf16 else 'f16x2'} ${q}, m, $5, z;")
+def _decode_ptx(bf16: bool, q: int, layout: int) -> str:
+    # Where code q's bits go: magnitude (mantissa, exponent low, exponent high) at bits 6-8 (bf16) or
+    # 9-11 (fp16), sign at 15; where they are: nvfp4.WORD_BITS. Bits that move by the same shift go
+    # together: one shift (none for 0) and one and / lop3 each.
+    target = (6, 7, 8, 15) if bf16 else (9, 10, 11, 15)
+    shifts: dict[int, int] = {}
+    for src, dst in zip(WORD_BITS[layout][q], target, strict=True):
+        shifts[dst - src] = shifts.get(dst - src, 0) | (1 << dst) | (1 << (dst + 16))
+    lines = ["{", ".reg .b32 m, t, s, z;", "mov.b32 z, 0x80008000;"]  # z = (-0, -0): x * y + z = x * y
+    if layout == 0:
+        lines.append("mov.b32 s, $2;")
+    else:  # code * 16 + 0x7600 = scale * 2^119 (bf16), code * 128 + 0x3000 = scale * 2^7 (fp16), per lane
+        lines.append("mad.lo.u32 s, $2, 16, 0x76007600;" if bf16 else "mad.lo.u32 s, $2, 128, 0x30003000;")
+    for i, (shift, mask) in enumerate(sorted(shifts.items(), key=lambda kv: kv[0] != 0)):
+        word = "$1" if shift == 0 else "t"
+        if shift:
+            lines.append(f"shl.b32 t, $1, {shift};" if shift > 0 else f"shr.b32 t, $1, {-shift};")
+        # the first group: m = word & mask; the next: m |= word & mask (lop3 0xF8: a | (b & c))
+        lines.append(f"and.b32 m, {word}, {mask:#010x};" if i == 0 else f"lop3.b32 m, m, {word}, {mask:#010x}, 0xF8;")
+    # fma rather than mul: mul.bf16x2 needs sm_90, fma.rn.bf16x2 sm_80.
+    lines.append(f"fma.rn.{'bf16x2' if bf16 else 'f16x2'} $0, m, s, z;")
     return "\n".join(lines + ["}"])
 
 
-_DECODE_PTX_F16 = tl.constexpr(_decode_ptx(bf16=False))
-_DECODE_PTX_BF16 = tl.constexpr(_decode_ptx(bf16=True))
+# _DECODE_PTX[layout * 8 + bf16 * 4 + q]
+_DECODE_PTX = tl.constexpr(
+    tuple(_decode_ptx(bf16, q, layout) for layout in range(len(WORD_BITS)) for bf16 in (False, True) for q in range(4))
+)
+# Bit positions of code q's mantissa, exponents and sign: _WORD_BITS[layout * 16 + q * 4 + role]
+_WORD_BITS = tl.constexpr(tuple(bit for layout in WORD_BITS for code in layout for bit in code))
+
+
+@triton.jit
+def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr):
+    """One quarter (one code position) of a packed tile, decoded and scaled by ``_DECODE_PTX[PTX]``.
+
+    One call per quarter rather than one four-output call: Triton 3.8 gave a four-output call's
+    results two layouts, decoding in both and sending three quarters through shared memory on their
+    way to the dot (gemm1 16x128x256-w4-s3 for sm_120: 139264 B of shared memory against 90112, 2540
+    instructions a K step against 1896; Triton 3.6 compiles both forms alike)."""
+    if F16:
+        return tl.inline_asm_elementwise(
+            _DECODE_PTX[PTX], "=r,r,r", [packed, scale], dtype=tl.float16, is_pure=True, pack=2
+        )
+    else:
+        return tl.inline_asm_elementwise(
+            _DECODE_PTX[PTX], "=r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=2
+        )
+
+
+@triton.jit
+def code_of_word(packed, Q: tl.constexpr, LAYOUT: tl.constexpr):
+    """int16 words -> code Q of each (0..15), from the layout's bit positions (interpreter path)."""
+    base: tl.constexpr = LAYOUT * 16 + Q * 4
+    code = (packed >> _WORD_BITS[base]) & 1
+    code |= ((packed >> _WORD_BITS[base + 1]) & 1) << 1
+    code |= ((packed >> _WORD_BITS[base + 2]) & 1) << 2
+    return code | (((packed >> _WORD_BITS[base + 3]) & 1) << 3)
 
 
 @triton.jit
@@ -98,38 +145,43 @@ def round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
 
 @triton.jit
 def _decode_nvfp4(
-    packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 per element (K elements 4c .. 4c + 3)
-    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8, e4m3 block scales
+    packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
+    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1)
     DTYPE: tl.constexpr,  # tl.bfloat16 or tl.float16: the activations' type
+    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1: the kernel layout (nvfp4.to_kernel_layout)
     INTERPRETER: tl.constexpr,
 ):
     """-> four [BLOCK_N, BLOCK_K // 4] tiles, tile q holding K elements 4c + q: e2m1 * scale * 2^-7
     (DTYPE on the GPU, fp32 in the interpreter)."""
     BLOCK_N: tl.constexpr = packed.shape[0]
     QUARTER: tl.constexpr = packed.shape[1]
-    # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included. The sign bit is
-    # dropped: block scales are >= 0.
-    scale = ((sbyte.to(tl.int16) << 7) & 0x3F80).to(tl.float16, bitcast=True)
-    if INTERPRETER or DTYPE == tl.float16:
-        scale = scale * 32768.0  # scale * 2^7 <= 57344: exact in fp16
+    F16: tl.constexpr = INTERPRETER or DTYPE == tl.float16
+    if LAYOUT == 1:
+        # a scale code (nvfp4.scale_codes); the asm turns it into a 16-bit float (the interpreter here)
+        scale = sbyte.to(tl.int16)
+        if INTERPRETER:
+            scale = (scale * 128 + 0x3000).to(tl.float16, bitcast=True)  # scale * 2^7
     else:
-        scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
+        # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included. The sign bit is
+        # dropped: block scales are >= 0.
+        scale = ((sbyte.to(tl.int16) << 7) & 0x3F80).to(tl.float16, bitcast=True)
+        if F16:
+            scale = scale * 32768.0  # scale * 2^7 <= 57344: exact in fp16
+        else:
+            scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
     if INTERPRETER:  # the same values through fp16 arithmetic
-        q0 = (e2m1_nibbles_to_f16(packed & 0xF) * scale).to(tl.float32)
-        q1 = (e2m1_nibbles_to_f16((packed >> 4) & 0xF) * scale).to(tl.float32)
-        q2 = (e2m1_nibbles_to_f16((packed >> 8) & 0xF) * scale).to(tl.float32)
-        q3 = (e2m1_nibbles_to_f16((packed >> 12) & 0xF) * scale).to(tl.float32)
-        return q0, q1, q2, q3
-    elif DTYPE == tl.float16:
-        q0, q1, q2, q3 = tl.inline_asm_elementwise(
-            _DECODE_PTX_F16, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.float16,) * 4, is_pure=True, pack=2
-        )
+        q0 = (e2m1_nibbles_to_f16(code_of_word(packed, 0, LAYOUT)) * scale).to(tl.float32)
+        q1 = (e2m1_nibbles_to_f16(code_of_word(packed, 1, LAYOUT)) * scale).to(tl.float32)
+        q2 = (e2m1_nibbles_to_f16(code_of_word(packed, 2, LAYOUT)) * scale).to(tl.float32)
+        q3 = (e2m1_nibbles_to_f16(code_of_word(packed, 3, LAYOUT)) * scale).to(tl.float32)
         return q0, q1, q2, q3
     else:
-        q0, q1, q2, q3 = tl.inline_asm_elementwise(
-            _DECODE_PTX_BF16, "=r,=r,=r,=r,r,r", [packed, scale], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2
-        )
+        base: tl.constexpr = LAYOUT * 8 + (0 if F16 else 4)
+        q0 = _decode_asm(packed, scale, base, F16)
+        q1 = _decode_asm(packed, scale, base + 1, F16)
+        q2 = _decode_asm(packed, scale, base + 2, F16)
+        q3 = _decode_asm(packed, scale, base + 3, F16)
         return q0, q1, q2, q3
 
 
@@ -167,6 +219,7 @@ def _weight_tile(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     DTYPE: tl.constexpr,
+    LAYOUT: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """Load and decode K step k0 of BLOCK_N weight rows -> four [BLOCK_N, BLOCK_K // 4] tiles (_decode_nvfp4)."""
@@ -179,7 +232,7 @@ def _weight_tile(
     else:
         packed = tl.load(w_rows_ptr[:, None] + elems[None, :], mask=(elems < K // 4)[None, :], other=0)
         sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :], mask=(groups < K // 16)[None, :], other=0)
-    return _decode_nvfp4(packed, sbyte, DTYPE, INTERPRETER)
+    return _decode_nvfp4(packed, sbyte, DTYPE, LAYOUT, INTERPRETER)
 
 
 @triton.jit
@@ -195,11 +248,12 @@ def _nvfp4_dot(
     K,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    LAYOUT: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """acc + (decoded weights of K step k0) @ (activations of K step k0): four quarter-width dots."""
     DTYPE: tl.constexpr = x0.dtype
-    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, DTYPE, INTERPRETER)
+    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, DTYPE, LAYOUT, INTERPRETER)
     acc = tl.dot(w0, x0, acc)
     acc = tl.dot(w1, x1, acc)
     acc = tl.dot(w2, x2, acc)
@@ -318,6 +372,7 @@ def nvfp4_moe_gemm1_kernel(
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
     SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; the last program of a tile to finish adds them
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
+    LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
@@ -332,7 +387,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                INTERPRETER,
+                LAYOUT, INTERPRETER,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -342,7 +397,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                INTERPRETER,
+                LAYOUT, INTERPRETER,
             )  # fmt: skip
 
 
@@ -354,7 +409,7 @@ def _gemm1_block(
     hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    INTERPRETER: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = tl.program_id(1)
@@ -377,8 +432,12 @@ def _gemm1_block(
     tl.assume(k_end > k_begin)
     for k0 in range(k_begin, k_end, BLOCK_K):
         x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc_g = _nvfp4_dot(acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc_u = _nvfp4_dot(acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_g = _nvfp4_dot(
+            acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
+        )
+        acc_u = _nvfp4_dot(
+            acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
+        )
 
     last = True
     if SPLITS > 1:
@@ -455,6 +514,7 @@ def nvfp4_moe_gemm2_kernel(
     MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
     SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; moe_sum_kernel adds the fp32 partials in split order
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
+    LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
@@ -468,7 +528,7 @@ def nvfp4_moe_gemm2_kernel(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, INTERPRETER,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -477,7 +537,7 @@ def nvfp4_moe_gemm2_kernel(
                 tl.program_id(0), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, INTERPRETER,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER,
             )  # fmt: skip
 
 
@@ -488,7 +548,7 @@ def _gemm2_block(
     h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size, inter_size,
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, INTERPRETER: tl.constexpr,
+    MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = tl.program_id(1)
@@ -508,7 +568,7 @@ def _gemm2_block(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
     else:
         programs = tl.num_programs(1)
@@ -525,7 +585,7 @@ def _gemm2_block(
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             k0 = kk * BLOCK_K
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             if kk == k_steps - 1:
                 _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
 

@@ -207,6 +207,9 @@ def process_weights_hook(original, self, layer):
         w13_order="up_gate" if self.load_up_proj_weight_first else "gate_up",
         w13_input_scale=local["w13_input_scale"], w2_input_scale=local["w2_input_scale"],
     )  # fmt: skip
+    # Codes and block scales re-encoded in place for this GPU's W4A16 decode (the checkpoint's layout kept
+    # on SM12x, where W4A4 reads it): no second copy of the layer (weights.Nvfp4MoeWeights.for_device).
+    weights = weights.for_device(in_place=True)
     setattr(layer, WEIGHTS_ATTR, weights)
     setattr(layer, MOE_PATH_ATTR, path)
     logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, weights.w13_order, path)

@@ -159,3 +159,102 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tens
     tiles = swizzled.reshape(b, mp // 128, kp // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5)
     out = tiles.reshape(b, mp, kp)[:, :rows, :cols].contiguous()
     return out[0] if squeeze else out
+
+
+# ---------------------------------------------------------------------------------------------
+# The W4A16 kernels' own layout: the same values, re-encoded once when a layer's weights are loaded, so
+# that a GPU without an e2m1 conversion instruction (Hopper) decodes them in fewer integer operations.
+#
+# The kernels read packed weights as 16-bit words, word c of a row holding K elements 4c .. 4c + 3, and
+# decode code q of every word into the 16-bit type's bits: magnitude (mantissa, exponent low, exponent
+# high) at bits 6, 7, 8 and sign at 15 for bf16 (the value times 2^-126, exactly). WORD_BITS[layout][q]
+# lists where code q's mantissa, exponent low, exponent high and sign bits sit in the word. The
+# checkpoint puts code q at bits 4q .. 4q + 3, which costs two shifts, an and and a lop3 per code and
+# 32-bit register (two words). The kernel layout puts code 0 where bf16 wants it (one and), codes 1 and
+# 2 one shift away (with the sign of code 2 one more), code 3 in two pieces: 11 integer operations for
+# the 8 codes of a register instead of 15 (the cheapest over every way to place the 16 bits).
+CHECKPOINT_WORD = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
+KERNEL_WORD = ((6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10), (12, 13, 14, 11))
+LAYOUTS = ("checkpoint", "kernel")  # index = the kernels' LAYOUT switch
+WORD_BITS = (CHECKPOINT_WORD, KERNEL_WORD)
+
+# Block scales in the kernel layout are 8-bit codes of a float with 5 exponent bits (bias 10) and 3
+# mantissa bits, no sign and no subnormals: code = (e << 3) | m means 2^(e - 10) * (1 + m / 8), code 0
+# means 0. Every e4m3 scale has one (e4m3 subnormals become normal numbers), and the kernels turn a
+# code into a 16-bit float in one integer multiply-add (code * 16 + 0x7600 is scale * 2^119 in bf16).
+# A zero scale's block decodes to zeros whatever its codes say, so those codes are set to 0.
+
+
+def _scale_code_table() -> torch.Tensor:
+    """[128] uint8: the code of each non-negative e4m3 byte 0x00 .. 0x7E (0x7F, NaN, maps to 0xFF)."""
+    table = torch.full((128,), 0xFF, dtype=torch.uint8)
+    values = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    for byte in range(127):
+        value = float(values[byte])
+        if value == 0:
+            table[byte] = 0
+            continue
+        exp = int(torch.floor(torch.log2(torch.tensor(value, dtype=torch.float64))))
+        mant = value / 2.0**exp - 1.0
+        table[byte] = ((exp + 10) << 3) | round(mant * 8)
+    return table
+
+
+def check_block_scales(scale: torch.Tensor) -> None:
+    """ValueError on a negative or NaN e4m3 block scale (a negative zero is zero)."""
+    byte = scale.view(torch.uint8)
+    bad = (byte > 0x80) | ((byte & 0x7F) == 0x7F)
+    if bool(bad.any()):
+        first = int(byte[bad].flatten()[0])
+        raise ValueError(f"block scales must be >= 0 and not NaN; found e4m3 byte {first:#04x}")
+
+
+def scale_codes(scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 block scales -> uint8 kernel-layout codes (same shape). ValueError on a negative or NaN scale:
+    block scales are >= 0 (a negative zero is zero)."""
+    if scale.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"scale_codes: expected float8_e4m3fn, got {scale.dtype}")
+    check_block_scales(scale)
+    byte = scale.view(torch.uint8)
+    table = _scale_code_table().to(byte.device)
+    return table[(byte & 0x7F).long()]
+
+
+def scales_from_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 kernel-layout codes -> e4m3 block scales (the inverse of ``scale_codes``)."""
+    inverse = torch.zeros(256, dtype=torch.uint8)
+    table = _scale_code_table()
+    for byte in range(127):
+        inverse[int(table[byte])] = byte
+    inverse[0] = 0
+    return inverse.to(codes.device)[codes.long()].view(torch.float8_e4m3fn)
+
+
+def _word_table(src: int, dst: int) -> torch.Tensor:
+    """[65536] int16: word (as uint16) in layout ``src`` -> the same codes in layout ``dst``."""
+    words = torch.arange(65536, dtype=torch.int32)
+    out = torch.zeros_like(words)
+    for q in range(4):
+        for role in range(4):
+            out |= ((words >> WORD_BITS[src][q][role]) & 1) << WORD_BITS[dst][q][role]
+    return out.to(torch.int16)  # wraps to the same 16 bits
+
+
+def _remap_words(packed: torch.Tensor, src: int, dst: int, zero_blocks: torch.Tensor | None) -> torch.Tensor:
+    words = packed.view(torch.int16)
+    if zero_blocks is not None:  # [..., K/16] -> the 4 words of each block
+        words = words.masked_fill(zero_blocks.repeat_interleave(BLOCK_SIZE // 4, dim=-1), 0)
+    table = _word_table(src, dst).to(words.device)
+    return table[words.long() & 0xFFFF].view(torch.uint8)
+
+
+def to_kernel_layout(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint ``packed`` [..., K/2] uint8 and ``scale`` [..., K/16] e4m3 -> the kernel layout (new
+    tensors, same shapes and dtypes: the scale tensor holds codes, viewed as e4m3). Same values."""
+    codes = scale_codes(scale)
+    return _remap_words(packed, 0, 1, codes == 0), codes.view(torch.float8_e4m3fn)
+
+
+def from_kernel_layout(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``to_kernel_layout`` (exact but for the codes of zero-scale blocks, which are 0)."""
+    return _remap_words(packed, 1, 0, None), scales_from_codes(scale.view(torch.uint8))

@@ -41,9 +41,13 @@ def min_tokens() -> float:
     return env.get(env.DENSE_PREFILL_MIN_TOKENS)
 
 
-def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """packed [..., N, K/2] uint8 + scale [..., N, K/16] e4m3 -> [..., N, K] bf16 e2m1 * scale (exact)."""
+def dequantize_bf16(
+    packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None, *, layout: str = "checkpoint"
+) -> torch.Tensor:
+    """packed [..., N, K/2] uint8 + scale [..., N, K/16] e4m3 (or codes and scale codes in the kernel
+    ``layout``, ``nvfp4.LAYOUTS``) -> [..., N, K] bf16 e2m1 * scale (exact)."""
     from sglang_glm5.kernels.dense_prefill import nvfp4_dequant_kernel
+    from sglang_glm5.nvfp4 import LAYOUTS
 
     k = packed.shape[-1] * 2
     rows = packed.numel() // packed.shape[-1]
@@ -51,7 +55,14 @@ def dequantize_bf16(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor
         out = torch.empty((*packed.shape[:-1], k), dtype=torch.bfloat16, device=packed.device)
     block_r, block_k = 32, 256
     nvfp4_dequant_kernel[(triton.cdiv(rows, block_r), triton.cdiv(k, block_k))](
-        w_ptr=packed, ws_ptr=scale.view(torch.uint8), out_ptr=out, num_rows=rows, K=k, BLOCK_R=block_r, BLOCK_K=block_k
+        w_ptr=packed,
+        ws_ptr=scale.view(torch.uint8),
+        out_ptr=out,
+        num_rows=rows,
+        K=k,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        LAYOUT=LAYOUTS.index(layout),
     )
     return out
 
@@ -80,7 +91,7 @@ def dense_moe(hidden_states, weights, topk_weights, topk_ids, *, out: torch.Tens
 
     x_sorted = hidden_states.index_select(0, pair // top_k).to(torch.bfloat16)
     scratch = torch.empty((num_experts, 2 * inter, hidden), dtype=torch.bfloat16, device=device)
-    w13_bf16 = dequantize_bf16(weights.w13, weights.w13_scale, scratch)
+    w13_bf16 = dequantize_bf16(weights.w13, weights.w13_scale, scratch, layout=weights.layout)
     gu = torch._grouped_mm(x_sorted, w13_bf16.transpose(1, 2), offs=offs)  # [rows, 2I] bf16
     # h = silu(gate * gs_gate) * up * gs_up, times gs2 * topk_weight (linear in h, so applied before
     # gemm2 and its one rounding rather than to y). Padding rows are left unwritten: nothing reads them.
@@ -95,7 +106,8 @@ def dense_moe(hidden_states, weights, topk_weights, topk_ids, *, out: torch.Tens
     )  # fmt: skip
     del gu
     w2 = weights.w2
-    w2_bf16 = dequantize_bf16(w2, weights.w2_scale, scratch.view(-1)[: w2.numel() * 2].view(num_experts, hidden, inter))
+    w2_scratch = scratch.view(-1)[: w2.numel() * 2].view(num_experts, hidden, inter)
+    w2_bf16 = dequantize_bf16(w2, weights.w2_scale, w2_scratch, layout=weights.layout)
     y_sorted = torch._grouped_mm(h, w2_bf16.transpose(1, 2), offs=offs).to(hidden_states.dtype)
     # The sum reads y_sorted through row_map[pair] = its sorted row; padding rows write the spare
     # entry num_pairs, which nothing reads.

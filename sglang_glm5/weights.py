@@ -16,6 +16,8 @@ from functools import cached_property
 
 import torch
 
+from sglang_glm5 import hardware, nvfp4
+
 W13_ORDERS = ("gate_up", "up_gate")
 
 
@@ -46,8 +48,8 @@ class Nvfp4MoeWeights:
     """The six NVFP4 tensors of a layer's local experts, their w13 row order and, for the W4A4 path, the
     activation global scales. Build it with ``build`` (which checks); fields are read-only."""
 
-    w13: torch.Tensor  # [E, 2I, H/2] uint8, two e2m1 per byte (element 2i in the low nibble)
-    w13_scale: torch.Tensor  # [E, 2I, H/16] e4m3, linear layout
+    w13: torch.Tensor  # [E, 2I, H/2] uint8, two e2m1 per byte (checkpoint layout: element 2i in the low nibble)
+    w13_scale: torch.Tensor  # [E, 2I, H/16] e4m3, linear layout (kernel layout: scale codes)
     w13_scale_2: torch.Tensor  # [E] or [E, 2] fp32 (gate, up), contiguous
     w2: torch.Tensor  # [E, H, I/2] uint8
     w2_scale: torch.Tensor  # [E, H, I/16] e4m3
@@ -55,6 +57,7 @@ class Nvfp4MoeWeights:
     w13_order: str  # "gate_up": w13 rows are [gate; up]; "up_gate": [up; gate]
     w13_input_scale: torch.Tensor | float | None  # scalar, [E] or [E, 2]: the checkpoint's (W4A4 only)
     w2_input_scale: torch.Tensor | float | None  # scalar or [E]
+    layout: str = "checkpoint"  # of the codes and scales (nvfp4.LAYOUTS): "kernel" after ``converted``
 
     @classmethod
     def build(
@@ -69,11 +72,13 @@ class Nvfp4MoeWeights:
         w13_order: str = "gate_up",
         w13_input_scale: torch.Tensor | float | None = None,
         w2_input_scale: torch.Tensor | float | None = None,
+        layout: str = "checkpoint",
     ) -> Nvfp4MoeWeights:
         """Check the tensors (TypeError / ValueError naming the argument) and bundle them.
 
         w13_input_scale: scalar, [E] or [E, 2] fp32 (its max is W4A4's one activation global scale);
         w2_input_scale: scalar or [E]. Both or neither: they are what the W4A4 path quantizes with.
+        layout: that of the codes and scales given (``nvfp4.LAYOUTS``).
         """
         check_tensor("w13", w13, (torch.uint8,), (None, None, None))
         num_experts, two_i, half_h = w13.shape
@@ -95,6 +100,8 @@ class Nvfp4MoeWeights:
         for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
             if not t.is_contiguous():
                 raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
+        if layout not in nvfp4.LAYOUTS:
+            raise ValueError(f"layout: expected one of {nvfp4.LAYOUTS}, got {layout!r}")
         if w13_order not in W13_ORDERS:
             raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
         device = w13.device
@@ -109,8 +116,45 @@ class Nvfp4MoeWeights:
             raise ValueError(f"w2_input_scale: expected a scalar or shape [{num_experts}], got {list(w2_in.shape)}")
         return cls(
             w13, w13_scale, w13_scale_2.contiguous(), w2, w2_scale, w2_scale_2.contiguous(), w13_order,
-            w13_input_scale, w2_input_scale,
+            w13_input_scale, w2_input_scale, layout,
         )  # fmt: skip
+
+    def converted(self, layout: str, *, in_place: bool = False) -> Nvfp4MoeWeights:
+        """The same weights with codes and scales in ``layout`` (``nvfp4.LAYOUTS``; the same values).
+
+        ``in_place`` re-encodes the tensors' own storage, one expert at a time, so a layer never holds a
+        second copy of its weights (what the SGLang plugin does at load time; afterwards the tensors are
+        only good for this bundle); otherwise the result has new tensors and this bundle is untouched.
+        ValueError on a negative or NaN block scale (checkpoint -> kernel)."""
+        if layout not in nvfp4.LAYOUTS:
+            raise ValueError(f"layout: expected one of {nvfp4.LAYOUTS}, got {layout!r}")
+        if layout == self.layout:
+            return self
+        convert = nvfp4.to_kernel_layout if layout == "kernel" else nvfp4.from_kernel_layout
+        if layout == "kernel":  # before any tensor changes: an in-place conversion is all or nothing
+            nvfp4.check_block_scales(self.w13_scale)
+            nvfp4.check_block_scales(self.w2_scale)
+        tensors = []
+        for packed, scale in ((self.w13, self.w13_scale), (self.w2, self.w2_scale)):
+            if not in_place:
+                tensors += convert(packed, scale)
+                continue
+            for e in range(packed.shape[0]):
+                new_packed, new_scale = convert(packed[e], scale[e])
+                packed[e].copy_(new_packed)
+                scale[e].view(torch.uint8).copy_(new_scale.view(torch.uint8))
+            tensors += (packed, scale)
+        w13, w13_scale, w2, w2_scale = tensors
+        return Nvfp4MoeWeights(
+            w13, w13_scale, self.w13_scale_2, w2, w2_scale, self.w2_scale_2, self.w13_order, self.w13_input_scale,
+            self.w2_input_scale, layout,
+        )  # fmt: skip
+
+    def for_device(self, *, in_place: bool = False) -> Nvfp4MoeWeights:
+        """``converted`` to the layout the W4A16 kernels read on this bundle's GPU (``hardware.w4a16_layout``;
+        the checkpoint's off a CUDA GPU): the bundle the SGLang plugin keeps."""
+        arch = hardware.device_arch(self.device)
+        return self.converted("checkpoint" if arch is None else hardware.w4a16_layout(arch), in_place=in_place)
 
     # The W4A4 path's activation global scales, computed on its first use (a call that never takes W4A4
     # pays nothing for them).

@@ -26,8 +26,9 @@ import torch
 import triton
 
 from sglang_glm5 import autotune
-from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
+from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16, w4a16_layout
 from sglang_glm5.kernels import nvfp4_moe as _k
+from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target
 from sglang_glm5.variants import KernelVariant
@@ -162,6 +163,7 @@ FORMS = {
 def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
+        "LAYOUT": LAYOUTS.index(w4a16_layout(arch)),
     }  # fmt: skip
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
@@ -326,10 +328,11 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
 
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
-    *, launch: Launch | None = None, counters: torch.Tensor | None = None,
+    *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
-    needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``)."""
+    needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
+    ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``)."""
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
@@ -374,6 +377,7 @@ def launch_gemm1(
         EVEN_K=x.shape[1] % cfg.block_k == 0,
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
+        LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -392,7 +396,7 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
-    per_program=None, *, launch: Launch | None = None,
+    per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint",
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -442,6 +446,7 @@ def launch_gemm2(
         MULTI_TILE=per_program > 1,
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
+        LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -470,13 +475,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
-                 up_row0, interpret, launch=launch1, counters=counters)  # fmt: skip
+                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
-                 route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2)  # fmt: skip
+                 route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
+                 layout=weights.layout)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret)
     return out
 

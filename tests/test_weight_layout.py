@@ -1,0 +1,160 @@
+"""The W4A16 kernels' weight layout (``nvfp4.to_kernel_layout``): the same values, a cheaper decode.
+
+The layout moves bits within each 16-bit word of codes and re-encodes block scales; every weight keeps its
+value, so the op must give bit-identical results in both layouts (the decode is exact in both), and the
+conversion must round-trip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_glm5 import hardware, nvfp4
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.prefill import dequantize_bf16
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.weights import Nvfp4MoeWeights
+
+E4M3_BYTES = torch.arange(0x7F, dtype=torch.uint8)  # every non-negative, non-NaN e4m3 value
+
+
+def _bundle(layer, **kwargs) -> Nvfp4MoeWeights:
+    return Nvfp4MoeWeights.build(*layer.args(), **kwargs)
+
+
+def test_word_layouts_place_every_bit_once():
+    for layout in nvfp4.WORD_BITS:
+        assert sorted(bit for code in layout for bit in code) == list(range(16))
+
+
+def test_scale_codes_keep_every_e4m3_value_and_the_kernels_formulas_hold():
+    scale = E4M3_BYTES.view(torch.float8_e4m3fn)
+    codes = nvfp4.scale_codes(scale)
+    assert torch.equal(nvfp4.scales_from_codes(codes).view(torch.uint8), E4M3_BYTES)  # a bijection on values
+    value = scale.double()
+    nonzero = value > 0
+    assert bool((codes[~nonzero] == 0).all()) and bool((codes[nonzero] >= 8).all())
+    # what the kernels compute from a code: code * 16 + 0x7600 as bf16 (decode into bf16) and code * 128 +
+    # 0x3000 as fp16 (decode into fp16; the interpreter and the dense prefill dequant)
+    c = codes[nonzero].to(torch.int32)
+    bf16 = (c * 16 + 0x7600).to(torch.int16).view(torch.bfloat16).double()
+    fp16 = (c * 128 + 0x3000).to(torch.int16).view(torch.float16).double()
+    assert torch.equal(bf16, value[nonzero] * 2.0**119)
+    assert torch.equal(fp16, value[nonzero] * 2.0**7)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 64), (1, 7, 16), (2, 0, 32)])  # odd rows, one block, no rows
+def test_kernel_layout_round_trips(shape, gen):
+    if 0 in shape:  # (quantize has no rows to take an amax of)
+        packed = torch.zeros(*shape[:-1], shape[-1] // 2, dtype=torch.uint8)
+        scale = torch.zeros(*shape[:-1], shape[-1] // 16).to(torch.float8_e4m3fn)
+        q = nvfp4.NvFp4Tensor(packed, scale, torch.tensor(1.0))
+    else:
+        q = nvfp4.quantize(torch.randn(*shape, generator=gen))
+    packed, scale = nvfp4.to_kernel_layout(q.packed, q.scale)
+    assert packed.shape == q.packed.shape and packed.dtype == torch.uint8 and scale.dtype == torch.float8_e4m3fn
+    back_packed, back_scale = nvfp4.from_kernel_layout(packed, scale)
+    assert torch.equal(back_packed, q.packed) and torch.equal(back_scale.view(torch.uint8), q.scale.view(torch.uint8))
+
+
+def test_zero_scale_blocks_decode_to_zero_whatever_their_codes(gen):
+    q = nvfp4.quantize(torch.randn(4, 64, generator=gen))
+    scale = q.scale.clone()
+    scale.view(torch.uint8)[1, 2] = 0  # codes of that block stay nonzero: its values are 0 all the same
+    packed, codes = nvfp4.to_kernel_layout(q.packed, scale)
+    back_packed, back_scale = nvfp4.from_kernel_layout(packed, codes)
+    assert torch.equal(nvfp4.dequantize(back_packed, back_scale, 1.0), nvfp4.dequantize(q.packed, scale, 1.0))
+    assert bool((nvfp4.unpack(back_packed)[1, 32:48] == 0).all())
+
+
+@pytest.mark.parametrize("bad", [0x81, 0xC0, 0x7F, 0xFF])  # negative, negative, NaN, negative NaN
+def test_negative_or_nan_block_scales_are_refused_before_anything_changes(bad, gen):
+    layer = random_layer(2, 64, 32, gen)
+    layer.w2_scale.view(torch.uint8)[1, 3, 0] = bad
+    before = layer.w13.clone()
+    with pytest.raises(ValueError, match="block scales must be >= 0 and not NaN"):
+        _bundle(layer).converted("kernel", in_place=True)
+    assert torch.equal(layer.w13, before)  # w13 comes first: an in-place conversion is all or nothing
+
+
+def _cfg(bm, bn, bk):
+    c = GemmConfig(block_m=bm, block_n=bn, block_k=bk)
+    return MoeConfig(c, c)
+
+
+# (tokens, experts, hidden, inter, top_k, dtype, config, remote fraction), each with why
+OP_CASES = [
+    (1, 8, 256, 128, 2, torch.bfloat16, None, 0.0),  # one decode token: split K on both GEMMs
+    (17, 8, 256, 128, 8, torch.bfloat16, None, 0.4),  # expert parallelism: -1 slots dropped
+    (9, 8, 256, 128, 3, torch.float16, None, 0.0),  # fp16 activations: the fp16 decode of the kernel layout
+    (11, 5, 96, 160, 3, torch.bfloat16, None, 0.0),  # K not a multiple of block_k: masked codes and scales
+    (13, 8, 160, 128, 3, torch.bfloat16, _cfg(16, 32, 64), 0.0),  # gemm2 walking several N tiles
+    (40, 8, 256, 128, 4, torch.bfloat16, _cfg(32, 32, 64), 0.0),  # several blocks and N tiles
+]
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=lambda c: f"T{c[0]}-E{c[1]}-H{c[2]}-I{c[3]}-k{c[4]}-{c[5]}")
+def test_op_is_bit_identical_in_both_layouts(case, gen, device):
+    tokens, experts, hidden, inter, top_k, dtype, config, remote = case
+    layer = random_layer(experts, hidden, inter, gen)
+    layer.w13_scale.view(torch.uint8)[0, 1, 0] = 2  # an e4m3 subnormal scale
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    weights, ids = random_routing(tokens, experts, top_k, gen, remote_fraction=remote)
+    ref = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    checkpoint = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args()))
+    kernel = checkpoint.converted("kernel")
+    assert kernel.layout == "kernel" and checkpoint.layout == "checkpoint"
+    args = (x.to(device), weights.to(device), ids.to(device))
+    out_checkpoint = fused_moe(args[0], checkpoint, *args[1:], config=config, path="w4a16")
+    out_kernel = fused_moe(args[0], kernel, *args[1:], config=config, path="w4a16")
+    assert torch.equal(out_kernel, out_checkpoint)
+    rel = ((out_kernel.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert rel < 1e-2, f"relative error {rel:.2e} against the float64 reference"
+
+
+def test_in_place_conversion_keeps_the_tensors_and_the_values(gen, device):
+    layer = random_layer(4, 128, 64, gen)
+    tensors = [t.to(device, copy=True) for t in layer.args()]
+    bundle = Nvfp4MoeWeights.build(*tensors)
+    x = torch.randn(6, 128, generator=gen).bfloat16().to(device)
+    weights, ids = (t.to(device) for t in random_routing(6, 4, 2, gen))
+    before = fused_moe(x, bundle, weights, ids, path="w4a16")
+    converted = bundle.converted("kernel", in_place=True)
+    assert converted.w13 is tensors[0] and converted.w2_scale is tensors[4]  # no second copy of the layer
+    assert not torch.equal(tensors[0], layer.w13.to(device))  # the storage itself was re-encoded
+    assert torch.equal(fused_moe(x, converted, weights, ids, path="w4a16"), before)
+    again = converted.converted("checkpoint", in_place=True)
+    assert torch.equal(again.w13.cpu(), layer.w13) and torch.equal(again.w2.cpu(), layer.w2)
+
+
+def test_dense_prefill_dequantizes_both_layouts_alike(gen, device):
+    layer = random_layer(3, 96, 64, gen)
+    packed, scale = (t.to(device) for t in (layer.w13, layer.w13_scale))
+    kernel_packed, kernel_scale = nvfp4.to_kernel_layout(packed, scale)
+    want = dequantize_bf16(packed, scale)
+    assert torch.equal(dequantize_bf16(kernel_packed, kernel_scale, layout="kernel"), want)
+    exact = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0)
+    assert torch.equal(want.cpu().float(), exact)
+
+
+def test_w4a4_refuses_the_kernel_layout(gen):
+    from sglang_glm5.w4a4 import run_w4a4
+
+    layer = random_layer(2, 64, 32, gen)
+    bundle = _bundle(layer, w13_input_scale=1.0, w2_input_scale=1.0).converted("kernel")
+    x = torch.randn(2, 64, generator=gen).bfloat16()
+    weights, ids = random_routing(2, 2, 1, gen)
+    with pytest.raises(RuntimeError, match="checkpoint's codes and block scales"):
+        run_w4a4(x, bundle, weights, ids, out=torch.empty_like(x))
+
+
+def test_each_gpu_gets_the_layout_its_kernels_decode_cheaply(gen):
+    assert hardware.w4a16_layout(90) == "kernel" and hardware.w4a16_layout(80) == "kernel"
+    assert hardware.w4a16_layout(120) == "checkpoint" and hardware.w4a16_layout(121) == "checkpoint"  # W4A4 there
+    bundle = _bundle(random_layer(2, 64, 32, gen))
+    assert bundle.for_device() is bundle  # off a CUDA GPU: the checkpoint's layout, nothing converted
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        bundle.converted("swizzled")
