@@ -89,8 +89,8 @@ def test_dense_path_matches_reference(num_tokens, top_k, remote_fraction, w13_or
         ("dense", False, "dense"),  # forced at any size
     ],
 )
-def test_which_path_a_call_takes_on_a_dense_capable_gpu(path, tokens_per_expert_above, want, gen, monkeypatch):
-    """The dispatch alone (no GPU here): prefill.available and the interpreter check are faked."""
+def test_which_path_a_call_takes_on_a_dense_capable_gpu(path, tokens_per_expert_above, want, gen, device, monkeypatch):
+    """The dispatch alone: prefill.available and the interpreter check are faked, the paths replaced."""
     from sglang_glm5 import moe
     from sglang_glm5.variants import w4a16
 
@@ -103,5 +103,5 @@ def test_which_path_a_call_takes_on_a_dense_capable_gpu(path, tokens_per_expert_
     layer = random_layer(4, 64, 32, gen)
     x = torch.randn(8, 64, generator=gen).bfloat16()
     weights, ids = random_routing(8, 4, 2, gen)  # 16 pairs over 4 experts: 4 tokens per expert
-    nvfp4_fused_moe(x, *layer.args(), weights, ids, path=path)
+    nvfp4_fused_moe(*(t.to(device) for t in (x, *layer.args(), weights, ids)), path=path)
     assert taken == [want]
