@@ -77,7 +77,9 @@ def _decode_ptx(bf16: bool, q: int, layout: int) -> str:
     if layout == 0:
         lines.append("mov.b32 s, $2;")
     else:  # code * 16 + 0x7600 = scale * 2^119 (bf16), code * 128 + 0x3000 = scale * 2^7 (fp16), per lane
-        lines.append("mad.lo.u32 s, $2, 16, 0x76007600;" if bf16 else "mad.lo.u32 s, $2, 128, 0x30003000;")
+        # $2 is one 32-bit code (both words of a register share their block): one multiply-add fills both lanes
+        mad = "0x00100010, 0x76007600" if bf16 else "0x00800080, 0x30003000"
+        lines.append(f"mad.lo.u32 s, $2, {mad};")
     for i, (shift, mask) in enumerate(sorted(shifts.items(), key=lambda kv: kv[0] != 0)):
         word = "$1" if shift == 0 else "t"
         if shift:
@@ -98,21 +100,24 @@ _WORD_BITS = tl.constexpr(tuple(bit for layout in WORD_BITS for code in layout f
 
 
 @triton.jit
-def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr):
+def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr, CODES: tl.constexpr):
     """One quarter (one code position) of a packed tile, decoded and scaled by ``_DECODE_PTX[PTX]``.
 
     One call per quarter rather than one four-output call: Triton 3.8 gave a four-output call's
     results two layouts, decoding in both and sending three quarters through shared memory on their
     way to the dot (gemm1 16x128x256-w4-s3 for sm_120: 139264 B of shared memory against 90112, 2540
     instructions a K step against 1896; Triton 3.6 compiles both forms alike)."""
+    # CODES: int32 scale codes, two registers per call ($2, $3; the same code); else a packed 16-bit pair
     if F16:
         return tl.inline_asm_elementwise(
-            _DECODE_PTX[PTX], "=r,r,r", [packed, scale], dtype=tl.float16, is_pure=True, pack=2
-        )
+            _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.float16, is_pure=True,
+            pack=2,
+        )  # fmt: skip
     else:
         return tl.inline_asm_elementwise(
-            _DECODE_PTX[PTX], "=r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True, pack=2
-        )
+            _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True,
+            pack=2,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -158,9 +163,10 @@ def _decode_nvfp4(
     F16: tl.constexpr = INTERPRETER or DTYPE == tl.float16
     if LAYOUT == 1:
         # a scale code (nvfp4.scale_codes); the asm turns it into a 16-bit float (the interpreter here)
-        scale = sbyte.to(tl.int16)
         if INTERPRETER:
-            scale = (scale * 128 + 0x3000).to(tl.float16, bitcast=True)  # scale * 2^7
+            scale = (sbyte.to(tl.int16) * 128 + 0x3000).to(tl.float16, bitcast=True)  # scale * 2^7
+        else:
+            scale = sbyte.to(tl.int32)
     else:
         # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included. The sign bit is
         # dropped: block scales are >= 0.
@@ -178,10 +184,10 @@ def _decode_nvfp4(
         return q0, q1, q2, q3
     else:
         base: tl.constexpr = LAYOUT * 8 + (0 if F16 else 4)
-        q0 = _decode_asm(packed, scale, base, F16)
-        q1 = _decode_asm(packed, scale, base + 1, F16)
-        q2 = _decode_asm(packed, scale, base + 2, F16)
-        q3 = _decode_asm(packed, scale, base + 3, F16)
+        q0 = _decode_asm(packed, scale, base, F16, LAYOUT == 1)
+        q1 = _decode_asm(packed, scale, base + 1, F16, LAYOUT == 1)
+        q2 = _decode_asm(packed, scale, base + 2, F16, LAYOUT == 1)
+        q3 = _decode_asm(packed, scale, base + 3, F16, LAYOUT == 1)
         return q0, q1, q2, q3
 
 
