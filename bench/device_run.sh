@@ -24,7 +24,7 @@ STEPS=${STEPS:-tests,selfcheck,bench}
 rc=0
 if [[ $STEPS == *tests* ]]; then
   SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_moe.py tests/test_split_k.py \
-    tests/test_nvfp4.py tests/test_prefill.py 2>&1 \
+    tests/test_nvfp4.py tests/test_prefill.py tests/test_weight_layout.py 2>&1 \
     | tee "$OUT/pytest_cuda.log" | tail -15 || rc=1
 fi
 if [[ $STEPS == *selfcheck* ]]; then
@@ -53,8 +53,9 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
   # The same benches (the same routings: BENCH_SEED), our op only, on an earlier revision laid out in .base/ (git archive of
-  # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache.
-  BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
+  # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache; a revision older
+  # than bench_real.py gets this one's.
+  BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; [ -f "$BASE/sglang_glm5/bench_real.py" ] || cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
   # -P: the current directory ($PKG, which holds this revision's sglang_glm5/) stays off sys.path.
   SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.bench_real --no-baselines \
     --skew ${BASE_SKEW:-0} --seed "${BENCH_SEED:-1}" --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1

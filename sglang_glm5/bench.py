@@ -86,13 +86,15 @@ def run(
 ) -> tuple[list[BenchRow], float]:
     import triton.testing
 
-    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
+    from sglang_glm5.weights import Nvfp4MoeWeights
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
+    bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()  # as the SGLang plugin keeps it
     floor_ms = shape.weight_bytes / bw * 1e3
 
     def dequant_all():
@@ -103,10 +105,10 @@ def run(
     for i, m in enumerate(ms):
         weights, ids, tokens = balanced_routing(shape, m, gen)
         x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
-        args = (x, *layer.args(), weights, ids)
-        out = nvfp4_fused_moe(*args, **(op_kwargs or {}))
+        args = (x, bundle, weights, ids)
+        out = fused_moe(*args, **(op_kwargs or {}))
         # As the SGLang plugin calls it: routing ids are valid by construction, no host-side id check.
-        ours = partial(nvfp4_fused_moe, *args, check_ids=False, **(op_kwargs or {}))
+        ours = partial(fused_moe, *args, check_ids=False, **(op_kwargs or {}))
         if i == 0:  # about 2 s of work first, so that the first row is not timed while clocks ramp up
             triton.testing.do_bench(ours, warmup=2000, rep=10)
         t_ours = triton.testing.do_bench(ours, warmup=25, rep=200, return_mode="median")
@@ -187,12 +189,15 @@ def write_results(out_dir: Path, name: str, shapes_rows: dict[MoeShape, list[Ben
 
 
 def rotating_layers(shape: MoeShape, gen: torch.Generator) -> list:
-    """Enough random copies of the layer to exceed twice the GPU's L2 cache, for timing in rotation."""
+    """Enough random copies of the layer to exceed twice the GPU's L2 cache, for timing in rotation, each
+    as the SGLang plugin keeps it (``Nvfp4MoeWeights.for_device``: the weight layout of this GPU)."""
     from sglang_glm5.testing import random_layer
+    from sglang_glm5.weights import Nvfp4MoeWeights
 
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
     copies = max(1, -(-2 * l2 // shape.weight_bytes))
-    return [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
+    layers = [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
+    return [Nvfp4MoeWeights.build(*layer.args()).for_device() for layer in layers]
 
 
 # Up to this bucket of tokens per expert (GLM-5 EP8/TP8: B = 256 tokens per step) the tuner times
@@ -248,7 +253,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
                 out = torch.empty(ids.numel(), shape.inter, dtype=torch.bfloat16, device="cuda")
                 launches.append(partial(
                     w4a16.launch_gemm1, x, layer.w13, layer.w13_scale, layer.w13_scale_2, route, out, cfg, shape.top_k,
-                    0, shape.inter, False, launch=plan.gemm1, counters=counters,
+                    0, shape.inter, False, launch=plan.gemm1, counters=counters, layout=layer.layout,
                 ))  # fmt: skip
             else:
                 split = plan.gemm2.splits
@@ -256,7 +261,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
                 out = torch.empty(size, dtype=torch.float32 if split > 1 else torch.bfloat16, device="cuda")
                 launches.append(partial(
                     w4a16.launch_gemm2, h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route,
-                    out, cfg, False, plan.per_program, launch=plan.gemm2,
+                    out, cfg, False, plan.per_program, launch=plan.gemm2, layout=layer.layout,
                 ))  # fmt: skip
 
         def run_all():

@@ -147,13 +147,16 @@ def _time(fn, graph: bool, calls: int) -> float:
 def run(
     layout: Layout, batches, seed: int, *, skew: float = 0.0, copies: int = 2, baselines: bool = True, op_kwargs=None
 ) -> list[Row]:
-    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
+    from sglang_glm5.weights import Nvfp4MoeWeights
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layers = [random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda") for _ in range(copies)]
+    # each copy as the SGLang plugin keeps it: in the weight layout of this GPU's W4A16 kernels
+    bundles = [Nvfp4MoeWeights.build(*layer.args()).for_device() for layer in layers]
     if baselines:  # contiguous in the transposed layout
         w13_t, w2_t = (w.contiguous() for w in dequantize_bf16(layers[0], layout.num_experts, layout.inter))
     rows = []
@@ -169,7 +172,7 @@ def run(
 
         def ours(inputs=inputs, kwargs=kwargs):
             for i, (x, weights, ids) in enumerate(inputs):
-                nvfp4_fused_moe(x, *layers[i % copies].args(), weights, ids, **kwargs)
+                fused_moe(x, bundles[i % copies], weights, ids, **kwargs)
 
         ms_ours = _time(ours, graph, n)
         touched = [int(torch.unique(ids[ids >= 0]).numel()) for _, _, ids in inputs]
@@ -194,7 +197,7 @@ def run(
             # The op on layer copy 0 against the bf16 path on the same weights.
             x, weights, ids = inputs[0]
             xs, offs, order, _ = sorted_inputs[0]
-            got = nvfp4_fused_moe(x, *layers[0].args(), weights, ids, **kwargs).float()
+            got = fused_moe(x, bundles[0], weights, ids, **kwargs).float()
             y = grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter).float() * weights.reshape(-1)[order, None]
             ref = torch.zeros(batch, layout.hidden, device="cuda").index_add_(0, order // TOP_K, y)
             err = (
