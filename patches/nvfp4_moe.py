@@ -207,9 +207,12 @@ def process_weights_hook(original, self, layer):
         w13_order="up_gate" if self.load_up_proj_weight_first else "gate_up",
         w13_input_scale=local["w13_input_scale"], w2_input_scale=local["w2_input_scale"],
     )  # fmt: skip
-    # Codes and block scales re-encoded in place for this GPU's W4A16 decode (the checkpoint's layout kept
-    # on SM12x, where W4A4 reads it): no second copy of the layer (weights.Nvfp4MoeWeights.for_device).
-    weights = weights.for_device(in_place=True)
+    # Codes and block scales re-encoded in place for the W4A16 decode, no second copy of the layer; a layer
+    # that may take W4A4 (forced, or tuned for it on this GPU) keeps the checkpoint's, which W4A4 reads.
+    from sglang_glm5.w4a4_select import may_take_w4a4
+
+    w4a4 = may_take_w4a4(path, layer.w13_weight.device, weights.shape, has_input_scales=weights.has_input_scales)
+    weights = weights.for_device(in_place=True, w4a4=w4a4)
     setattr(layer, WEIGHTS_ATTR, weights)
     setattr(layer, MOE_PATH_ATTR, path)
     logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, weights.w13_order, path)

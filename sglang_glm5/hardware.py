@@ -130,14 +130,6 @@ def runs_dense_prefill(arch: int) -> bool:
     return arch // 10 in (9, 10)
 
 
-def w4a16_layout(arch: int) -> str:
-    """The weight layout the W4A16 kernels read on this architecture (``nvfp4.LAYOUTS``), chosen when a
-    layer's weights are loaded. "kernel" (codes and scales re-encoded for a cheaper decode: 11 integer
-    operations per 8 weights instead of 15, and one per block scale instead of four) everywhere but SM12x,
-    whose W4A4 kernels read the checkpoint's codes and scales in the same tensors."""
-    return "checkpoint" if is_sm12x(arch) else "kernel"
-
-
 def keeps_every_stage(arch: int) -> bool:
     """Whether a pipeline of num_stages keeps num_stages operand buffers in shared memory (wgmma / TMA:
     Hopper and the Blackwell datacenter parts) rather than num_stages - 1 (``mma.sync`` + ``cp.async``:

@@ -116,7 +116,9 @@ def fused_moe(
 
         chosen = resolve_path(path, hidden_states.device, tokens_per_expert, weights.shape,
                               has_input_scales=weights.has_input_scales)  # fmt: skip
-        if chosen == "w4a4":
+        # weights in the W4A16 kernel layout (a layer that could not take W4A4 when it was loaded, e.g. tuned
+        # for W4A4 since): auto stays on W4A16; a forced "w4a4" gets run_w4a4's error
+        if chosen == "w4a4" and (path == "w4a4" or weights.layout == "checkpoint"):
             from sglang_glm5.w4a4 import run_w4a4
 
             return run_w4a4(hidden_states, weights, topk_weights, topk_ids, out=out,

@@ -116,7 +116,7 @@ def run_w4a4(
                            "were built without w13_input_scale and w2_input_scale")  # fmt: skip
     if weights.layout != "checkpoint":
         raise RuntimeError(f"the W4A4 path reads the checkpoint's codes and block scales; these weights are in "
-                           f"the {weights.layout!r} layout (SM12x keeps the checkpoint's)")  # fmt: skip
+                           f"the {weights.layout!r} layout (for_device(w4a4=True) keeps them)")  # fmt: skip
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     device = hidden_states.device

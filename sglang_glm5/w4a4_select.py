@@ -99,6 +99,24 @@ def _say_once(what: tuple, message: str, *args) -> None:
         log.info(message, *args)
 
 
+def may_take_w4a4(path: str, device: torch.device, shape, *, has_input_scales: bool) -> bool:
+    """Whether a layer may take W4A4 at some size: forced ("w4a4"), or "auto" where ``resolve_path`` would
+    at a size at or above a stored finite threshold. Such a layer keeps the checkpoint's codes and scales
+    (``Nvfp4MoeWeights.for_device``), which the W4A4 kernels read; the others get the W4A16 kernel layout."""
+    if path == "w4a4":
+        return True
+    if path != "auto":
+        return False
+    key, problem, target = _facts(torch.device(device))
+    if problem is not None or not has_input_scales:
+        return False
+    shape_t = _shape_tuple(shape)
+    if (key, shape_t) not in _thresholds:
+        _thresholds[key, shape_t] = threshold_for(target, shape_t)
+    found = _thresholds[key, shape_t]
+    return found is not None and math.isfinite(found[0]) and bool(found[1])
+
+
 def resolve_path(path: str, device: torch.device, tokens_per_expert: float, shape, *, has_input_scales: bool) -> str:
     """The path one MoE call takes: "w4a16" or "w4a4" (module docstring).
 

@@ -57,7 +57,7 @@ def kernel_bencher(shape, seed: int) -> Callable[[str, GemmConfig, int], float]:
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    layers = rotating_layers(shape, gen)
+    layers = rotating_layers(shape, gen, w4a4=True)  # the W4A4 kernels read the checkpoint's layout
     copies = len(layers)
     inputs: dict[int, tuple] = {}
 

@@ -150,11 +150,13 @@ class Nvfp4MoeWeights:
             self.w2_input_scale, layout,
         )  # fmt: skip
 
-    def for_device(self, *, in_place: bool = False) -> Nvfp4MoeWeights:
-        """``converted`` to the layout the W4A16 kernels read on this bundle's GPU (``hardware.w4a16_layout``;
-        the checkpoint's off a CUDA GPU): the bundle the SGLang plugin keeps."""
-        arch = hardware.device_arch(self.device)
-        return self.converted("checkpoint" if arch is None else hardware.w4a16_layout(arch), in_place=in_place)
+    def for_device(self, *, in_place: bool = False, w4a4: bool = False) -> Nvfp4MoeWeights:
+        """The bundle the SGLang plugin keeps: ``converted`` to the kernel layout on a CUDA GPU, where the
+        W4A16 kernels decode it with fewer instructions (``nvfp4.to_kernel_layout``). ``w4a4``: the layer may
+        run the W4A4 kernels (``w4a4_select.may_take_w4a4``), which read the checkpoint's codes and scales:
+        it keeps them. Off a CUDA GPU (the interpreter) nothing is converted."""
+        keep = w4a4 or hardware.device_arch(self.device) is None
+        return self.converted("checkpoint" if keep else "kernel", in_place=in_place)
 
     # The W4A4 path's activation global scales, computed on its first use (a call that never takes W4A4
     # pays nothing for them).

@@ -117,6 +117,44 @@ def test_auto_takes_w4a4_only_after_a_passing_tune_from_its_threshold(fake_gpu):
     assert resolve_path("auto", CUDA, 1e6, SHAPE, has_input_scales=False) == "w4a16"
 
 
+def test_only_a_layer_that_may_take_w4a4_keeps_the_checkpoint_layout(fake_gpu):
+    """The W4A4 kernels read the checkpoint's codes and scales; every other layer gets the W4A16 kernel layout."""
+    may = w4a4_select.may_take_w4a4
+    fake_gpu()
+    assert may("w4a4", CUDA, SHAPE, **SCALES)  # forced
+    assert not may("w4a16", CUDA, SHAPE, **SCALES)
+    assert not may("auto", CUDA, SHAPE, **SCALES)  # SM120, never tuned for W4A4 here
+    _tuned(64)
+    assert may("auto", CUDA, SHAPE, **SCALES)
+    assert not may("auto", CUDA, OTHER, **SCALES) and not may("auto", CUDA, SHAPE, has_input_scales=False)
+    _tuned(None)  # the tune found W4A4 never faster
+    assert not may("auto", CUDA, SHAPE, **SCALES)
+    fake_gpu(TARGETS["h200"])
+    w4a4_select.clear_memo()
+    assert not may("auto", CUDA, SHAPE, **SCALES)
+
+
+def test_auto_stays_on_w4a16_for_weights_in_the_kernel_layout(fake_gpu, monkeypatch, gen):
+    """A layer loaded in the kernel layout, then W4A4 tuned while it serves: auto must not hand its
+    re-encoded codes to the W4A4 kernels; a forced w4a4 gets the W4A4 path's clear error."""
+    from sglang_glm5 import moe
+    from sglang_glm5.testing import random_layer, random_routing
+    from sglang_glm5.variants import w4a16
+    from sglang_glm5.weights import Nvfp4MoeWeights
+
+    layer = random_layer(SHAPE.num_experts, SHAPE.hidden, SHAPE.inter, gen)
+    bundle = Nvfp4MoeWeights.build(*layer.args(), w13_input_scale=1.0, w2_input_scale=1.0).converted("kernel")
+    x = torch.randn(64, SHAPE.hidden, generator=gen).bfloat16()
+    weights, ids = random_routing(64, SHAPE.num_experts, 4, gen)
+    monkeypatch.setattr(w4a4_select, "resolve_path", lambda path, *a, **k: "w4a4")  # as if tuned and above it
+    taken = []
+    monkeypatch.setattr(w4a16, "run", lambda *a, out, **k: taken.append("w4a16") or out)
+    moe.fused_moe(x, bundle, weights, ids, path="auto")
+    assert taken == ["w4a16"]
+    with pytest.raises(RuntimeError, match="checkpoint's codes and block scales"):
+        moe.fused_moe(x, bundle, weights, ids, path="w4a4")
+
+
 def test_auto_never_w4a4_off_sm12x_even_with_a_threshold(fake_gpu):
     fake_gpu(TARGETS["h200"])
     w4a4.store_threshold(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_glm5 import hardware, nvfp4
+from sglang_glm5 import nvfp4
 from sglang_glm5.moe import fused_moe
 from sglang_glm5.prefill import dequantize_bf16
 from sglang_glm5.reference import nvfp4_fused_moe_reference
@@ -151,10 +151,10 @@ def test_w4a4_refuses_the_kernel_layout(gen):
         run_w4a4(x, bundle, weights, ids, out=torch.empty_like(x))
 
 
-def test_each_gpu_gets_the_layout_its_kernels_decode_cheaply(gen):
-    assert hardware.w4a16_layout(90) == "kernel" and hardware.w4a16_layout(80) == "kernel"
-    assert hardware.w4a16_layout(120) == "checkpoint" and hardware.w4a16_layout(121) == "checkpoint"  # W4A4 there
-    bundle = _bundle(random_layer(2, 64, 32, gen))
-    assert bundle.for_device() is bundle  # off a CUDA GPU: the checkpoint's layout, nothing converted
+def test_the_plugins_bundle_keeps_the_checkpoint_layout_only_off_a_gpu_or_for_w4a4(gen, device):
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(2, 64, 32, gen).args()))
+    assert bundle.for_device(w4a4=True) is bundle  # the W4A4 kernels read the checkpoint's codes and scales
+    want = "kernel" if device.type == "cuda" else "checkpoint"  # the interpreter: nothing to gain
+    assert bundle.for_device().layout == want
     with pytest.raises(ValueError, match="layout: expected one of"):
         bundle.converted("swizzled")

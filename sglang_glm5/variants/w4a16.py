@@ -26,7 +26,7 @@ import torch
 import triton
 
 from sglang_glm5 import autotune
-from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16, w4a16_layout
+from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots
@@ -163,7 +163,7 @@ FORMS = {
 def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
-        "LAYOUT": LAYOUTS.index(w4a16_layout(arch)),
+        "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
     }  # fmt: skip
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
