@@ -361,13 +361,16 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
     """`tune --target rtx-pro-6000` without that GPU: the counts, checked against compiling every candidate."""
     from sglang_glm5.cli import main
 
-    assert main(["tune", "--target", "rtx-pro-6000", "--shape", "4,64,32", "--batch-sizes", "1"]) == 0
+    # Bucket 2: some of gemm1's candidates overflow sm_120 (with Triton 3.8 every candidate of bucket 1 fits)
+    assert main(["tune", "--target", "rtx-pro-6000", "--shape", "4,64,32", "--batch-sizes", "2"]) == 0
     out = capsys.readouterr().out
-    space = w4a16.search_space(1)
+    space = w4a16.search_space(2)
+    cut = 0
     for kernel in w4a16.KERNELS:
         shared = dict(zip(space, w4a16.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True))
         fit = {c: b for c, b in shared.items() if SM120.fits(b)}
-        assert 0 < len(fit) < len(space), "the test needs a space that the shared memory cuts"
+        assert fit, "the test needs a space in which something fits"
+        cut += len(space) - len(fit)
         largest = max(fit, key=lambda c: (c.block_m * c.block_n * c.block_k, c.num_stages, fit[c], c.label))
         line = next(line for line in out.splitlines() if line.startswith(f"tune: W4A16 {kernel}: "))
         head = f"tune: W4A16 {kernel}: {len(space)} candidates, "
@@ -378,6 +381,7 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
         # The model's floor rules out what cannot fit at any rate; the compiler the rest of the misfits.
         assert by_model == sum(not SM120.fits(w4a16.model_shared_floor(kernel, c)) for c in space)
         assert by_compiler == len(space) - len(fit) - by_model
+    assert cut, "the test needs a space that the shared memory cuts"
 
 
 @pytest.mark.parametrize("path", ["w4a16", "w4a4"])
