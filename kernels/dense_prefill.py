@@ -1,6 +1,7 @@
 """Triton kernels of the dense prefill path (``sglang_glm5.prefill``).
 
-    dequant:    out[r, k] = e2m1(packed[r, k // 2]) * e4m3(scale[r, k // 16])      (no global scale)
+    dequant:    out[r, k] = e2m1(code k of row r) * scale[r, k // 16]              (no global scale)
+                codes read as 16-bit words of 4 in either layout (nvfp4.LAYOUTS)
     activation: h[row] = silu(gate * gs_gate) * up * gs_up * topk_weight * gs2      (per sorted row)
 
 The product of an e2m1 value (2 significant bits) and an e4m3 scale (4 bits) has at most 6
@@ -16,7 +17,7 @@ from sglang_glm5.kernels.nvfp4_moe import code_of_word, e2m1_nibbles_to_f16
 
 @triton.jit
 def nvfp4_dequant_kernel(
-    w_ptr,  # [R, K/2] uint8, packed e2m1 (R = experts * rows, contiguous)
+    w_ptr,  # [R, K/2] uint8, packed e2m1 (R = experts * rows, contiguous), read as [R, K/4] 16-bit words
     ws_ptr,  # [R, K/16] uint8, e4m3 block scales (linear layout); scale codes with LAYOUT 1
     out_ptr,  # [R, K] bf16
     num_rows,
@@ -25,28 +26,32 @@ def nvfp4_dequant_kernel(
     BLOCK_K: tl.constexpr,
     LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1: the W4A16 kernel layout (nvfp4.to_kernel_layout)
 ):
-    if LAYOUT == 1:
-        _dequant_kernel_layout(w_ptr, ws_ptr, out_ptr, num_rows, K, BLOCK_R, BLOCK_K)
-        return
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    bytes_ = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    words = tl.program_id(1) * (BLOCK_K // 4) + tl.arange(0, BLOCK_K // 4)
     groups = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
     r_ok = rows < num_rows
     rows = rows.to(tl.int64)
     packed = tl.load(
-        w_ptr + rows[:, None] * (K // 2) + bytes_[None, :], mask=r_ok[:, None] & (bytes_ < K // 2)[None, :]
+        w_ptr.to(tl.pointer_type(tl.int16)) + rows[:, None] * (K // 4) + words[None, :],
+        mask=r_ok[:, None] & (words < K // 4)[None, :],
     )
     sbyte = tl.load(
         ws_ptr + rows[:, None] * (K // 16) + groups[None, :], mask=r_ok[:, None] & (groups < K // 16)[None, :]
-    )
-    # e4m3 bits placed into an fp16 give scale * 2^-8; nibble bits give e2m1 * 2^-14: undo both in fp32.
-    sbits = ((sbyte.to(tl.int16) & 0x7F) << 7) | ((sbyte.to(tl.int16) & 0x80) << 8)
-    scale = sbits.to(tl.float16, bitcast=True).to(tl.float32) * (256.0 * 16384.0)
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, BLOCK_K // 16, 8)), (BLOCK_R, BLOCK_K // 2))
-    q = packed.to(tl.int16)
-    lo = e2m1_nibbles_to_f16(q & 0xF).to(tl.float32) * scale
-    hi = e2m1_nibbles_to_f16(q >> 4).to(tl.float32) * scale
-    w = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.bfloat16)
+    ).to(tl.int16)
+    # Codes give e2m1 * 2^-14 (e2m1_nibbles_to_f16). An e4m3 byte placed into an fp16 is scale * 2^-8; a
+    # scale code * 128 + 0x3000 as fp16 is scale * 2^7 (nvfp4.scale_codes). Both undone in fp32.
+    if LAYOUT == 1:
+        scale = (sbyte * 128 + 0x3000).to(tl.float16, bitcast=True).to(tl.float32) * (16384.0 / 128.0)
+    else:
+        sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)
+        scale = sbits.to(tl.float16, bitcast=True).to(tl.float32) * (256.0 * 16384.0)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, BLOCK_K // 16, 4)), (BLOCK_R, BLOCK_K // 4))
+    c0 = e2m1_nibbles_to_f16(code_of_word(packed, 0, LAYOUT)).to(tl.float32) * scale
+    c1 = e2m1_nibbles_to_f16(code_of_word(packed, 1, LAYOUT)).to(tl.float32) * scale
+    c2 = e2m1_nibbles_to_f16(code_of_word(packed, 2, LAYOUT)).to(tl.float32) * scale
+    c3 = e2m1_nibbles_to_f16(code_of_word(packed, 3, LAYOUT)).to(tl.float32) * scale
+    # word w holds K elements 4w .. 4w + 3: [..., w, a, b] = c(2a + b)
+    w = tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCK_R, BLOCK_K)).to(tl.bfloat16)
     offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * K + offs_k[None, :], w, mask=r_ok[:, None] & (offs_k < K)[None, :])
 
@@ -86,31 +91,3 @@ def dense_activation_kernel(
     up = tl.load(gu_ptr + row * stride_gur + up_col0 + cols, mask=ok, other=0.0).to(tl.float32) * gs_up
     h = gate / (1.0 + tl.exp(-gate)) * up * route
     tl.store(h_ptr + row * stride_hr + cols, h.to(tl.bfloat16), mask=ok)
-
-
-@triton.jit
-def _dequant_kernel_layout(w_ptr, ws_ptr, out_ptr, num_rows, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``nvfp4_dequant_kernel`` for weights in the kernel layout: 16-bit words of 4 codes, scale codes."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    words = tl.program_id(1) * (BLOCK_K // 4) + tl.arange(0, BLOCK_K // 4)
-    groups = tl.program_id(1) * (BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-    r_ok = rows < num_rows
-    rows = rows.to(tl.int64)
-    packed = tl.load(
-        w_ptr.to(tl.pointer_type(tl.int16)) + rows[:, None] * (K // 4) + words[None, :],
-        mask=r_ok[:, None] & (words < K // 4)[None, :],
-    )
-    code = tl.load(
-        ws_ptr + rows[:, None] * (K // 16) + groups[None, :], mask=r_ok[:, None] & (groups < K // 16)[None, :]
-    )
-    # code * 128 + 0x3000 as fp16 is scale * 2^7 (nvfp4.scale_codes); codes give e2m1 * 2^-14
-    scale = (code.to(tl.int16) * 128 + 0x3000).to(tl.float16, bitcast=True).to(tl.float32) * (16384.0 / 128.0)
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_R, BLOCK_K // 16, 4)), (BLOCK_R, BLOCK_K // 4))
-    c0 = e2m1_nibbles_to_f16(code_of_word(packed, 0, 1)).to(tl.float32) * scale
-    c1 = e2m1_nibbles_to_f16(code_of_word(packed, 1, 1)).to(tl.float32) * scale
-    c2 = e2m1_nibbles_to_f16(code_of_word(packed, 2, 1)).to(tl.float32) * scale
-    c3 = e2m1_nibbles_to_f16(code_of_word(packed, 3, 1)).to(tl.float32) * scale
-    # word w holds K elements 4w .. 4w + 3: [..., w, a, b] = c(2a + b)
-    w = tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCK_R, BLOCK_K)).to(tl.bfloat16)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None] * K + offs_k[None, :], w, mask=r_ok[:, None] & (offs_k < K)[None, :])
