@@ -66,10 +66,11 @@ def selfcheck_command(args: argparse.Namespace) -> int:
             return 2
     if not use_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the first kernel import
-    from sglang_glm5.moe import nvfp4_fused_moe
+    from sglang_glm5.moe import fused_moe
     from sglang_glm5.reference import nvfp4_fused_moe_reference
     from sglang_glm5.shapes import parse_shape
     from sglang_glm5.testing import random_layer, random_routing
+    from sglang_glm5.weights import Nvfp4MoeWeights
 
     shape = parse_shape(args.shape or ("glm5-ep8" if use_gpu else "glm5-mini"))
     device = torch.device("cuda" if use_gpu else "cpu")
@@ -77,14 +78,15 @@ def selfcheck_command(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     mode = torch.cuda.get_device_name() if use_gpu else "CPU, Triton interpreter"
-    print(f"selfcheck --path {args.path}: {shape} on {mode}, seed {seed}")
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, device)
+    bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()  # the weight layout a server would run
+    print(f"selfcheck --path {args.path}: {shape} on {mode}, {bundle.layout} weight layout, seed {seed}")
     failures = 0
     for num_tokens in args.tokens or SELFCHECK_TOKENS:
         x = torch.randn(num_tokens, shape.hidden, generator=gen, device=device).bfloat16()
         weights, ids = random_routing(num_tokens, shape.num_experts, shape.top_k, gen, device=device)
         t0 = time.perf_counter()
-        out = nvfp4_fused_moe(x, *layer.args(), weights, ids, path=args.path)
+        out = fused_moe(x, bundle, weights, ids, path=args.path)
         if use_gpu:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0

@@ -17,6 +17,7 @@ CUTLASS kernels: rows padded to 128, scale columns padded to 4, then each 128 x 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -185,6 +186,7 @@ WORD_BITS = (CHECKPOINT_WORD, KERNEL_WORD)
 # A zero scale's block decodes to zeros whatever its codes say, so those codes are set to 0.
 
 
+@functools.cache
 def _scale_code_table() -> torch.Tensor:
     """[128] uint8: the code of each non-negative e4m3 byte 0x00 .. 0x7E (0x7F, NaN, maps to 0xFF)."""
     table = torch.full((128,), 0xFF, dtype=torch.uint8)
@@ -223,13 +225,14 @@ def scale_codes(scale: torch.Tensor) -> torch.Tensor:
 def scales_from_codes(codes: torch.Tensor) -> torch.Tensor:
     """uint8 kernel-layout codes -> e4m3 block scales (the inverse of ``scale_codes``)."""
     inverse = torch.zeros(256, dtype=torch.uint8)
-    table = _scale_code_table()
+    table = _scale_code_table()  # memoized: read, never written
     for byte in range(127):
         inverse[int(table[byte])] = byte
     inverse[0] = 0
     return inverse.to(codes.device)[codes.long()].view(torch.float8_e4m3fn)
 
 
+@functools.cache
 def _word_table(src: int, dst: int) -> torch.Tensor:
     """[65536] int16: word (as uint16) in layout ``src`` -> the same codes in layout ``dst``."""
     words = torch.arange(65536, dtype=torch.int32)
