@@ -158,3 +158,78 @@ def test_the_plugins_bundle_keeps_the_checkpoint_layout_only_off_a_gpu_or_for_w4
     assert bundle.for_device().layout == want
     with pytest.raises(ValueError, match="layout: expected one of"):
         bundle.converted("swizzled")
+
+
+def _run_decode_ptx(ptx: str, words: torch.Tensor, scale_input: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """Execute ``_decode_ptx``'s PTX on int64 tensors holding 32-bit registers (the instructions it emits:
+    mov, mad.lo, shl, shr, and, lop3 0xF8, and the packed fma by (-0, -0)); -> [n, 2] float64 lane values."""
+    regs = {"$1": words, "$2": scale_input}
+    mask32 = 0xFFFFFFFF
+    dtype = torch.bfloat16 if bf16 else torch.float16
+
+    def val(name: str) -> torch.Tensor:
+        return regs[name] if name in regs else torch.full_like(words, int(name, 0))
+
+    def as_float(r: torch.Tensor) -> torch.Tensor:  # [n, 2] lane values of 32-bit registers
+        pair = torch.stack((r & 0xFFFF, r >> 16), dim=-1).to(torch.int32).to(torch.int16)
+        return pair.view(dtype).double()
+
+    lanes = None
+    for line in ptx.replace("{", "").replace("}", "").split("\n"):
+        line = line.strip().rstrip(";")
+        if not line or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        if op == "mov.b32":
+            regs[a[0]] = val(a[1])
+        elif op == "mad.lo.u32":
+            regs[a[0]] = (val(a[1]) * int(a[2], 0) + int(a[3], 0)) & mask32
+        elif op == "shl.b32":
+            regs[a[0]] = (val(a[1]) << int(a[2])) & mask32
+        elif op == "shr.b32":
+            regs[a[0]] = val(a[1]) >> int(a[2])
+        elif op == "and.b32":
+            regs[a[0]] = val(a[1]) & val(a[2])
+        elif op == "lop3.b32":
+            assert a[4] == "0xF8", line  # a | (b & c)
+            regs[a[0]] = val(a[1]) | (val(a[2]) & val(a[3]))
+        elif op.startswith("fma.rn."):
+            lanes = as_float(val(a[1])) * as_float(val(a[2]))  # + (-0): exact products, no rounding
+        else:
+            raise AssertionError(f"an instruction the emulator does not know: {line}")
+    return lanes
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", [0, 1], ids=nvfp4.LAYOUTS)
+def test_decode_ptx_gives_every_code_times_its_scale(layout, bf16):
+    """The PTX the kernels inline, run instruction by instruction on every 16-bit word of codes, with scales
+    from the smallest to the largest: code q of each word, times the scale, times 2^-7 (exact)."""
+    from sglang_glm5.kernels import nvfp4_moe
+
+    words = torch.arange(65536, dtype=torch.int64)
+    # lane 0: every word; lane 1: the words in another order (both lanes share the register's scale)
+    reg = words | (torch.flip(words, (0,)) << 16)
+    codes_cp = torch.stack([(words >> (4 * q)) & 0xF for q in range(4)], -1)  # the checkpoint's codes
+    if layout == 1:  # the same codes re-encoded: positions per nvfp4.KERNEL_WORD
+        kernel = torch.zeros_like(words)
+        for q in range(4):
+            for role in range(4):
+                kernel |= ((codes_cp[:, q] >> role) & 1) << nvfp4.KERNEL_WORD[q][role]
+        reg = kernel | (torch.flip(kernel, (0,)) << 16)
+    for byte in (0x01, 0x08, 0x38, 0x55, 0x7E):  # e4m3 subnormal, smallest normal, 1.0, 3.25, 448
+        scale = float(torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).double())
+        if layout == 1:
+            scale_in = torch.full_like(words, int(nvfp4.scale_codes(torch.tensor([byte], dtype=torch.uint8).view(
+                torch.float8_e4m3fn))[0]))  # fmt: skip
+        else:  # what _decode_nvfp4 hands the asm: scale * 2^119 as bf16, or scale * 2^7 as fp16, in both lanes
+            value = scale * (2.0**119 if bf16 else 2.0**7)
+            bits = int(torch.tensor([value], dtype=torch.bfloat16 if bf16 else torch.float16).view(torch.int16)[0])
+            bits &= 0xFFFF
+            scale_in = torch.full_like(words, bits | (bits << 16))
+        for q in range(4):
+            got = _run_decode_ptx(nvfp4_moe._decode_ptx(bf16, q, layout), reg, scale_in, bf16)
+            want0 = nvfp4.e2m1_codes_to_float(codes_cp[:, q].to(torch.uint8), torch.float64) * scale * 2.0**-7
+            want1 = torch.flip(want0, (0,))
+            assert torch.equal(got[:, 0], want0) and torch.equal(got[:, 1], want1), (layout, bf16, byte, q)
