@@ -34,15 +34,19 @@ type's exponent and the top of its mantissa, and its sign at bit 15, are exactly
 group of 16 to scale * 2^7 (fp16) or scale * 2^119 (bf16), that gives e2m1 * scale * 2^-7 in both
 types, exact (at most 6 significant bits, >= 2^-17). On the GPU this is inline PTX on 32-bit
 registers holding two words, one call per code position: shifts and ands / lop3s place both lanes,
-and one packed multiply applies the scales. Every output depends only on the word at its own
-position, so the result is right in whatever register layout the compiler gives the tile. The
-epilogue multiplies by global_scale * 2^7 (``DECODE_UNSCALE``).
+and one packed multiply applies the scales. With LAYOUT 0 every output depends only on the word and
+scale at its own position, so the result is right in whatever register layout the compiler gives the
+tile. With LAYOUT 1 the asm takes one 32-bit scale code per register and applies it to both words:
+right when a register's two words are adjacent words of one row (the same block of 16), which holds
+in the dot-operand layouts Triton gives the tile (kWidth 2 on sm_90, 4 on sm_120; checked in the
+TTGIR of both) and which the GPU tests of both layouts would catch. The epilogue multiplies by
+global_scale * 2^7 (``DECODE_UNSCALE``).
 
 ``LAYOUT`` says where the codes' bits sit in a word and what the block scales are: 0, the
 checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8
-codes, 4.5 per scale); 1, the kernel layout that ``nvfp4.to_kernel_layout`` writes once at load time
-(11 per register, one multiply-add per scale code). gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6):
-1424 instructions a K step against 1817.
+codes, about 5 instructions per scale); 1, the kernel layout that ``nvfp4.to_kernel_layout`` writes once
+at load time (11 per register for a bf16 decode, 15 for fp16, and one multiply-add per scale code).
+gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6): 1361 instructions a K step against 1817.
 
 ``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
@@ -106,7 +110,7 @@ def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr, CODES: tl.c
     One call per quarter rather than one four-output call: Triton 3.8 gave a four-output call's
     results two layouts, decoding in both and sending three quarters through shared memory on their
     way to the dot (gemm1 16x128x256-w4-s3 for sm_120: 139264 B of shared memory against 90112, 2540
-    instructions a K step against 1896; Triton 3.6 compiles both forms alike)."""
+    instructions a K step against 1889; Triton 3.6 compiles both forms alike)."""
     # CODES: int32 scale codes, two registers per call ($2, $3; the same code); else a packed 16-bit pair
     if F16:
         return tl.inline_asm_elementwise(

@@ -54,7 +54,8 @@ class Symbol:
 
 @dataclass(frozen=True)
 class MethodHook:
-    """Wrap ``owner.attr`` (a plain function on a class) with ``fn(original, *args, **kwargs)``."""
+    """Wrap ``owner.attr`` (a plain function on a class, or inherited by it) with ``fn(original, *args, **kwargs)``.
+    An inherited one is wrapped on ``owner`` alone, and uninstalling deletes the wrapper (the base's again)."""
 
     target: Symbol
     fn: Callable
@@ -82,10 +83,12 @@ def install(hooks: Iterable[MethodHook]) -> int:
     new = 0
     for hook in hooks:
         owner, attr = hook.owner_and_attr()
-        original = owner.__dict__[attr]
-        if getattr(original, MARKER, False):
+        inherited = attr not in owner.__dict__
+        original = getattr(owner, attr) if inherited else owner.__dict__[attr]
+        if getattr(original, MARKER, False) and not inherited:
             continue
         wrapper = _wrap(original, hook.fn)
+        wrapper._sglang_glm5_inherited = inherited
         setattr(owner, attr, wrapper)
         new += 1
         logger.info("sglang-glm5: hooked %s", hook.target.path)
@@ -99,7 +102,10 @@ def uninstall(hooks: Iterable[MethodHook]) -> int:
         owner, attr = hook.owner_and_attr()
         current = owner.__dict__.get(attr)
         if getattr(current, MARKER, False):
-            setattr(owner, attr, current.__wrapped__)
+            if getattr(current, "_sglang_glm5_inherited", False):
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, current.__wrapped__)
             removed += 1
             logger.info("sglang-glm5: restored %s", hook.target.path)
     return removed

@@ -14,7 +14,10 @@ With ``nvfp4_triton``:
   their shape allows, computes alphas, configures the dispatcher), with the input scales sliced to
   this rank's experts; then the swizzled scales are put back in linear order in place, and the layer's
   weights are checked once and kept on it as an ``Nvfp4MoeWeights`` (w13 row order and this rank's
-  input scales included).
+  input scales included). On a GPU the codes and block scales are then re-encoded in place for the W4A16
+  decode (``nvfp4.to_kernel_layout``), unless the layer may take W4A4: the parameters then hold that layout.
+- ``restore_weights_before_loading`` (inherited from SGLang's base class, hooked on this one): before a weight
+  update, the checkpoint's layout back in place, so that reloaded and kept tensors agree.
 - ``apply``: ``sglang_glm5.moe.fused_moe`` on that bundle -> ``StandardCombineInput``. The top-k weights
   already carry ``routed_scaling_factor`` for this method (``_fuses_routed_scaling_factor_in_topk``,
   ``srt/layers/moe/fused_moe_triton/layer.py``): it is not applied again. It passes ``path=`` from
@@ -218,6 +221,16 @@ def process_weights_hook(original, self, layer):
     logger.debug("sglang-glm5: prepared NVFP4 MoE layer for %s (%s, path %s)", BACKEND_NAME, weights.w13_order, path)
 
 
+def restore_hook(original, self, layer):
+    """Before SGLang loads weights again (a weight update; ``DefaultModelLoader.restore_weights_before_loading``):
+    the layer's codes and block scales back in the checkpoint's layout, in place, so that the tensors an update
+    rewrites and those it leaves agree when ``process_weights_after_loading`` runs again."""
+    weights = getattr(layer, WEIGHTS_ATTR, None)
+    if _cached(self) and weights is not None and weights.layout != "checkpoint":
+        setattr(layer, WEIGHTS_ATTR, weights.converted("checkpoint", in_place=True))
+    return original(self, layer)
+
+
 def apply_hook(original, self, layer, dispatch_output):
     if not _cached(self):
         return original(self, layer, dispatch_output)
@@ -247,6 +260,7 @@ HOOKS = (
     MethodHook(Symbol(f"{_METHOD}.__init__", ("self", "quant_config")), init_hook),
     MethodHook(Symbol(f"{_METHOD}.create_moe_runner", ("self", "layer", "moe_runner_config")), create_moe_runner_hook),
     MethodHook(Symbol(f"{_METHOD}.process_weights_after_loading", ("self", "layer")), process_weights_hook),
+    MethodHook(Symbol(f"{_METHOD}.restore_weights_before_loading", ("self", "layer")), restore_hook),
     MethodHook(Symbol(f"{_METHOD}.apply", ("self", "layer", "dispatch_output")), apply_hook),
 )
 

@@ -125,7 +125,7 @@ class Nvfp4MoeWeights:
         ``in_place`` re-encodes the tensors' own storage, one expert at a time, so a layer never holds a
         second copy of its weights (what the SGLang plugin does at load time; afterwards the tensors are
         only good for this bundle); otherwise the result has new tensors and this bundle is untouched.
-        ValueError on a negative or NaN block scale (checkpoint -> kernel)."""
+        ValueError on a NaN block scale (checkpoint -> kernel); a negative one becomes its magnitude."""
         if layout not in nvfp4.LAYOUTS:
             raise ValueError(f"layout: expected one of {nvfp4.LAYOUTS}, got {layout!r}")
         if layout == self.layout:

@@ -553,3 +553,35 @@ def test_apply_passes_path_and_the_bundle_with_this_ranks_input_scales(monkeypat
     )
     # Experts 4 and 5 of the global [8, 2] / [8] input scales: this rank's slices, not the global parameters.
     assert torch.equal(bundle.a1, torch.tensor([12.0])) and torch.equal(bundle.a2, torch.tensor([5.0, 6.0]))
+
+
+def test_the_plugin_reencodes_in_place_and_restores_before_a_weight_update(monkeypatch, gen):
+    """On a GPU (faked: hardware.device_arch) process_weights_after_loading re-encodes the layer's own tensors;
+    SGLang's restore_weights_before_loading (hooked) puts the checkpoint's bytes back before an update, so a
+    partial reload followed by the post-processing again leaves every tensor right."""
+    from sglang_glm5.patches import nvfp4_moe
+    from sglang_glm5.testing import random_layer
+
+    monkeypatch.setattr(hardware, "device_arch", lambda device=None: 90)
+    names = tuple(f"{w}_weight{s}" for w in ("w13", "w2") for s in ("", "_scale", "_scale_2"))
+    checkpoint = random_layer(2, 32, 32, gen).args()  # the _Layer's shapes: E = 2, H = I = 32
+    layer = _Layer()
+    for name, t in zip(names, checkpoint, strict=True):
+        setattr(layer, name, t.clone())
+
+    def same_bytes(a, b):
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype != torch.float32 else torch.equal(a, b)
+
+    def process():
+        nvfp4_moe.process_weights_hook(lambda method, lay: None, _Method(), layer)
+        return getattr(layer, nvfp4_moe.WEIGHTS_ATTR)
+
+    bundle = process()
+    assert bundle.layout == "kernel" and bundle.w13 is layer.w13_weight  # in place: the layer's own tensors
+    assert not same_bytes(layer.w13_weight, checkpoint[0])
+    nvfp4_moe.restore_hook(lambda method, lay: None, _Method(), layer)
+    assert all(same_bytes(getattr(layer, n), t) for n, t in zip(names, checkpoint, strict=True))
+    assert getattr(layer, nvfp4_moe.WEIGHTS_ATTR).layout == "checkpoint"
+    layer.w2_weight.copy_(checkpoint[3])  # an update that rewrites w2 alone
+    again = process().converted("checkpoint")
+    assert all(same_bytes(t, c) for t, c in zip(again.args(), checkpoint, strict=True))
