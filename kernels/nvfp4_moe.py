@@ -112,16 +112,10 @@ def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr, CODES: tl.c
     way to the dot (gemm1 16x128x256-w4-s3 for sm_120: 139264 B of shared memory against 90112, 2540
     instructions a K step against 1889; Triton 3.6 compiles both forms alike)."""
     # CODES: int32 scale codes, two registers per call ($2, $3; the same code); else a packed 16-bit pair
-    if F16:
-        return tl.inline_asm_elementwise(
-            _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.float16, is_pure=True,
-            pack=2,
-        )  # fmt: skip
-    else:
-        return tl.inline_asm_elementwise(
-            _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.bfloat16, is_pure=True,
-            pack=2,
-        )  # fmt: skip
+    return tl.inline_asm_elementwise(
+        _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.float16 if F16 else tl.bfloat16,
+        is_pure=True, pack=2,
+    )  # fmt: skip
 
 
 @triton.jit
