@@ -88,13 +88,12 @@ def run(
 
     from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
-    from sglang_glm5.weights import Nvfp4MoeWeights
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda")
-    bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()  # as the SGLang plugin keeps it
+    bundle = layer.served()
     floor_ms = shape.weight_bytes / bw * 1e3
 
     def dequant_all():
@@ -192,12 +191,11 @@ def rotating_layers(shape: MoeShape, gen: torch.Generator, *, w4a4: bool = False
     """Enough random copies of the layer to exceed twice the GPU's L2 cache, for timing in rotation, each
     as the SGLang plugin keeps it (``Nvfp4MoeWeights.for_device``; ``w4a4``: in the checkpoint's layout)."""
     from sglang_glm5.testing import random_layer
-    from sglang_glm5.weights import Nvfp4MoeWeights
 
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
     copies = max(1, -(-2 * l2 // shape.weight_bytes))
     layers = [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
-    return [Nvfp4MoeWeights.build(*layer.args()).for_device(w4a4=w4a4) for layer in layers]
+    return [layer.served(w4a4=w4a4) for layer in layers]
 
 
 # Up to this bucket of tokens per expert (GLM-5 EP8/TP8: B = 256 tokens per step) the tuner times

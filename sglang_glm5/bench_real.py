@@ -149,14 +149,12 @@ def run(
 ) -> list[Row]:
     from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
-    from sglang_glm5.weights import Nvfp4MoeWeights
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layers = [random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda") for _ in range(copies)]
-    # each copy as the SGLang plugin keeps it: in the weight layout of this GPU's W4A16 kernels
-    bundles = [Nvfp4MoeWeights.build(*layer.args()).for_device() for layer in layers]
+    bundles = [layer.served() for layer in layers]  # as the SGLang plugin keeps them
     if baselines:  # contiguous in the transposed layout
         w13_t, w2_t = (w.contiguous() for w in dequantize_bf16(layers[0], layout.num_experts, layout.inter))
     rows = []

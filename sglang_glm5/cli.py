@@ -70,7 +70,6 @@ def selfcheck_command(args: argparse.Namespace) -> int:
     from sglang_glm5.reference import nvfp4_fused_moe_reference
     from sglang_glm5.shapes import parse_shape
     from sglang_glm5.testing import random_layer, random_routing
-    from sglang_glm5.weights import Nvfp4MoeWeights
 
     shape = parse_shape(args.shape or ("glm5-ep8" if use_gpu else "glm5-mini"))
     device = torch.device("cuda" if use_gpu else "cpu")
@@ -79,7 +78,7 @@ def selfcheck_command(args: argparse.Namespace) -> int:
     gen.manual_seed(seed)
     mode = torch.cuda.get_device_name() if use_gpu else "CPU, Triton interpreter"
     layer = random_layer(shape.num_experts, shape.hidden, shape.inter, gen, device)
-    bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()  # the weight layout a server would run
+    bundle = layer.served()  # the weight layout a server would run
     print(f"selfcheck --path {args.path}: {shape} on {mode}, {bundle.layout} weight layout, seed {seed}")
     failures = 0
     for num_tokens in args.tokens or SELFCHECK_TOKENS:

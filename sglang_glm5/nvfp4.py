@@ -223,14 +223,20 @@ def scale_codes(scale: torch.Tensor) -> torch.Tensor:
     return table[(byte & 0x7F).long()]
 
 
-def scales_from_codes(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 kernel-layout codes -> e4m3 block scales (the inverse of ``scale_codes``)."""
+@functools.cache
+def _scale_byte_table() -> torch.Tensor:
+    """[256] uint8: the e4m3 byte of each scale code (the inverse of ``_scale_code_table``; 0 for unused codes)."""
     inverse = torch.zeros(256, dtype=torch.uint8)
     table = _scale_code_table()  # memoized: read, never written
     for byte in range(127):
         inverse[int(table[byte])] = byte
     inverse[0] = 0
-    return inverse.to(codes.device)[codes.long()].view(torch.float8_e4m3fn)
+    return inverse
+
+
+def scales_from_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 kernel-layout codes -> e4m3 block scales (the inverse of ``scale_codes``)."""
+    return _scale_byte_table().to(codes.device)[codes.long()].view(torch.float8_e4m3fn)
 
 
 @functools.cache

@@ -21,6 +21,13 @@ class MoeLayer:
     def args(self) -> tuple[torch.Tensor, ...]:
         return (self.w13, self.w13_scale, self.w13_scale_2, self.w2, self.w2_scale, self.w2_scale_2)
 
+    def served(self, *, w4a4: bool = False):
+        """A copy of the layer as the SGLang plugin keeps it: an ``Nvfp4MoeWeights`` in the weight layout of
+        its device (``Nvfp4MoeWeights.for_device``); these tensors stay in the checkpoint's layout."""
+        from sglang_glm5.weights import Nvfp4MoeWeights
+
+        return Nvfp4MoeWeights.build(*self.args()).for_device(w4a4=w4a4)
+
 
 def _quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     qs = [nvfp4.quantize(w[e]) for e in range(w.shape[0])]

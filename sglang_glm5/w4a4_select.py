@@ -99,6 +99,13 @@ def _say_once(what: tuple, message: str, *args) -> None:
         log.info(message, *args)
 
 
+def _stored_threshold(key, target, shape_t: tuple[int, int, int]) -> tuple[float, frozenset[int]] | None:
+    """``threshold_for`` the device ``_facts`` keyed, memoized."""
+    if (key, shape_t) not in _thresholds:
+        _thresholds[key, shape_t] = threshold_for(target, shape_t)
+    return _thresholds[key, shape_t]
+
+
 def may_take_w4a4(path: str, device: torch.device, shape, *, has_input_scales: bool) -> bool:
     """Whether a layer may take W4A4 at some size: forced ("w4a4"), or "auto" where ``resolve_path`` would
     at a size at or above a stored finite threshold. Such a layer keeps the checkpoint's codes and scales
@@ -110,10 +117,7 @@ def may_take_w4a4(path: str, device: torch.device, shape, *, has_input_scales: b
     key, problem, target = _facts(torch.device(device))
     if problem is not None or not has_input_scales:
         return False
-    shape_t = _shape_tuple(shape)
-    if (key, shape_t) not in _thresholds:
-        _thresholds[key, shape_t] = threshold_for(target, shape_t)
-    found = _thresholds[key, shape_t]
+    found = _stored_threshold(key, target, _shape_tuple(shape))
     return found is not None and math.isfinite(found[0]) and bool(found[1])
 
 
@@ -139,9 +143,7 @@ def resolve_path(path: str, device: torch.device, tokens_per_expert: float, shap
     if problem is not None or not has_input_scales:
         return "w4a16"
     shape_t = _shape_tuple(shape)
-    if (key, shape_t) not in _thresholds:
-        _thresholds[key, shape_t] = threshold_for(target, shape_t)
-    found = _thresholds[key, shape_t]
+    found = _stored_threshold(key, target, shape_t)
     if found is None:
         _say_once(("untuned", key, shape_t), "W4A4 not tuned and checked on %s for layer E,H,I=%s (run "
                   "`sglang-glm5 tune --target local --path w4a4 --shape E,H,I` there): auto stays on W4A16",
