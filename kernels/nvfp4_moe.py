@@ -56,6 +56,7 @@ fp32 -> bf16 cast truncates, so bf16 results are rounded to nearest-even by hand
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_glm5.nvfp4 import WORD_BITS
 
@@ -144,6 +145,25 @@ def round_to(v, dtype: tl.constexpr, INTERPRETER: tl.constexpr):
         return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         return v.to(dtype)
+
+
+@triton.jit
+def after_previous_launch(PDL: tl.constexpr):
+    """With PDL (programmatic dependent launch, sm_90+; ``routing.uses_pdl``): wait until the kernel before
+    this one in the stream has finished and its writes are visible. Called before any memory access, so
+    that nothing is read early nor written under a kernel still running. Without a PDL launch it returns
+    at once."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def let_next_launch(PDL: tl.constexpr):
+    """With PDL: the next kernel, if launched with PDL, may start once every program of this one has called
+    this or exited; its programs then wait in ``after_previous_launch``, their launch latency hidden. The
+    GEMMs call it after their K loop, the small kernels at their start."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -378,12 +398,14 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
     bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
     partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
     in split order, so the result does not depend on which program that is, and applies SiLU * up."""
+    after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
             _gemm1_block(
@@ -391,7 +413,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER,
+                LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -401,7 +423,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER,
+                LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
 
 
@@ -413,7 +435,7 @@ def _gemm1_block(
     hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = tl.program_id(1)
@@ -442,6 +464,7 @@ def _gemm1_block(
         acc_u = _nvfp4_dot(
             acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
+    let_next_launch(PDL)
 
     last = True
     if SPLITS > 1:
@@ -520,19 +543,21 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
     restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
+    after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
             _gemm2_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -541,7 +566,7 @@ def nvfp4_moe_gemm2_kernel(
                 tl.program_id(0), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
 
 
@@ -553,6 +578,7 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = tl.program_id(1)
@@ -573,6 +599,7 @@ def _gemm2_block(
         for k0 in range(k_begin, k_end, BLOCK_K):
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
             acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+        let_next_launch(PDL)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
     else:
         programs = tl.num_programs(1)
@@ -592,6 +619,7 @@ def _gemm2_block(
             acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             if kk == k_steps - 1:
                 _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+        let_next_launch(PDL)
 
 
 @triton.jit
@@ -610,9 +638,12 @@ def moe_sum_kernel(
     BLOCK_H: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     INTERPRETER: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
 ):
     """out[t] = sum of y over the valid slots of token t (and over the splits), in fp32, slots and then
     splits in order (deterministic)."""
+    after_previous_launch(PDL)
+    let_next_launch(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < hidden_size
@@ -652,11 +683,14 @@ def moe_align_kernel(
     PERMUTE: tl.constexpr,  # programs past E also write x in the GEMMs' K order (prepare_activations_kernel)
     PERMUTE_T: tl.constexpr,
     PERMUTE_K: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
 ):
     """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
     first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
     expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
     blocks and writes the number of used blocks. They share zeroing ``zero_ptr``."""
+    after_previous_launch(PDL)
+    let_next_launch(PDL)
     e = tl.program_id(0)
     if PERMUTE and e > num_experts:
         tile = e - num_experts - 1

@@ -36,6 +36,11 @@ def parse_bool(name: str, text: str) -> bool:
     raise EnvError(f"{name}: expected one of {', '.join(_TRUE)} (on) or {', '.join(_FALSE[1:])} (off), got {text!r}")
 
 
+def _flag(name: str, text: str) -> bool | None:
+    """``parse_bool``, with empty meaning "the switch's default" (for switches that default to on)."""
+    return parse_bool(name, text) if text.strip() else None
+
+
 def parse_tokens(name: str, text: str, *, allow_inf: bool) -> float | None:
     """A number of tokens per expert >= 0 (infinity only where ``allow_inf``); None when empty."""
     text = text.strip()
@@ -122,6 +127,12 @@ W4A4_MIN_TOKENS = Switch(
     "(unset: that measured threshold)",
     lambda name, text: parse_tokens(name, text, allow_inf=False),
 )  # fmt: skip
+PDL = Switch(
+    "SGLANG_GLM5_PDL", "bool", True,
+    "the W4A16 op's launches (routing, gemm1, gemm2, top-k sum) use programmatic dependent launch on sm_90+: "
+    "each starts while the one before it runs and waits for it on the GPU; off = plain stream order",
+    _flag,
+)  # fmt: skip
 STOCK_CONFIGS = Switch(
     "SGLANG_GLM5_STOCK_CONFIGS", "bool", False,
     "on SM12x the plugin points `SGLANG_MOE_CONFIG_DIR` (when unset) at the shipped SM120 configs for SGLang's "
@@ -162,7 +173,8 @@ def _integer(name: str, text: str) -> int | None:
 
 
 SWITCHES: tuple[Switch, ...] = (
-    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, STOCK_CONFIGS, API_KEY, TEST_DEVICE, SEED,
+    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, PDL, STOCK_CONFIGS, API_KEY, TEST_DEVICE,
+    SEED,
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SWITCHES}
 

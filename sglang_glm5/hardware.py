@@ -130,6 +130,11 @@ def runs_dense_prefill(arch: int) -> bool:
     return arch // 10 in (9, 10)
 
 
+def launches_dependents(arch: int) -> bool:
+    """Programmatic dependent launch (``griddepcontrol`` in PTX, the launch attribute in the driver): sm_90+."""
+    return arch >= 90
+
+
 def keeps_every_stage(arch: int) -> bool:
     """Whether a pipeline of num_stages keeps num_stages operand buffers in shared memory (wgmma / TMA:
     Hopper and the Blackwell datacenter parts) rather than num_stages - 1 (``mma.sync`` + ``cp.async``:

@@ -63,6 +63,19 @@ def validate_call(hidden_states, weights: Nvfp4MoeWeights, topk_weights, topk_id
     return num_tokens, top_k
 
 
+def uses_pdl(device: torch.device) -> bool:
+    """Whether the op's launches on ``device`` may use programmatic dependent launch (each kernel starting while
+    the one before it runs, then waiting for it on the GPU): a CUDA device of sm_90+
+    (``hardware.launches_dependents``), not the interpreter, and ``SGLANG_GLM5_PDL`` on (the default)."""
+    if device.type != "cuda" or interpreting():
+        return False
+    from sglang_glm5 import env
+    from sglang_glm5.hardware import device_arch, launches_dependents
+
+    arch = device_arch(device)
+    return arch is not None and launches_dependents(arch) and bool(env.get(env.PDL))
+
+
 def check_options(config, num_global_experts, num_experts: int) -> None:
     """The op's keyword options: ``config`` a MoeConfig or None, ``num_global_experts`` None or an int of at
     least the local experts (TypeError / ValueError naming them)."""
@@ -108,6 +121,8 @@ def route_pairs(
     block_m: int,
     zero: torch.Tensor | None = None,
     permute: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    pdl: bool = False,
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
 
@@ -116,6 +131,7 @@ def route_pairs(
     is ``num_blocks_bound``, so sizes never depend on the ids' values: no host synchronization
     (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters);
     ``permute`` = (x, xp), if given, has the same launch write ``prepare_activations(x)`` into xp.
+    ``pdl``: launch with programmatic dependent launch (``uses_pdl``).
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
     """
     ids = topk_ids.reshape(-1)
@@ -149,6 +165,8 @@ def route_pairs(
         PERMUTE=permute is not None,
         PERMUTE_T=PERMUTE_T,
         PERMUTE_K=PERMUTE_K,
+        PDL=pdl,
+        launch_pdl=pdl,
     )
     return Route(sorted_ids, block_expert, used_blocks)
 
@@ -188,11 +206,13 @@ def sum_over_slots(
     num_experts: int,
     interpret: bool,
     row_map: torch.Tensor | None = None,
+    *,
+    pdl: bool = False,
 ) -> None:
     """out[t] = sum of y[row of pair t * k + j] over the slots j with a local expert (fp32, deterministic).
 
     The row of pair p is p, or row_map[p] ([T * k] int32) when given. A 3-d y [splits, rows, H] holds
-    gemm2's split-K partials, added too (slots, then splits, in order).
+    gemm2's split-K partials, added too (slots, then splits, in order). ``pdl`` as ``route_pairs``.
     """
     num_tokens, hidden = out.shape
     block_h = 1024
@@ -212,4 +232,6 @@ def sum_over_slots(
         BLOCK_H=block_h,
         HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,
+        PDL=pdl,
+        launch_pdl=pdl,
     )

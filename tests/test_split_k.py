@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_glm5 import moe, routing
+from sglang_glm5 import env, hardware, moe, routing
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16
+from sglang_glm5.weights import Nvfp4MoeWeights
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Case:
     hidden: int = 512
     inter: int = 256
     top_k: int = 4
+    idle: int = 0  # tokens with no local slot (all top-k experts on other ranks)
 
 
 CASES = [
@@ -35,6 +37,7 @@ CASES = [
     Case(2, active=2),  # two tokens on two experts
     Case(5, active=8),  # every local expert active, some slots remote
     Case(3, active=1, hidden=544, inter=160),  # masked K tails in both GEMMs (544 = 4.25 steps of 128)
+    Case(6, active=2, idle=3),  # half the tokens have no local slot: their rows of the result are 0
 ]
 
 
@@ -42,7 +45,7 @@ def _routing(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tens
     weights, _ = random_routing(case.num_tokens, case.num_experts, case.top_k, gen)
     experts = torch.randperm(case.num_experts, generator=gen)[: case.active]
     ids = torch.full((case.num_tokens, case.top_k), -1, dtype=torch.int32)
-    for t in range(case.num_tokens):  # each token: one to top_k of the active experts, distinct
+    for t in range(case.idle, case.num_tokens):  # each token: one to top_k of the active experts, distinct
         n = int(torch.randint(1, min(case.top_k, case.active) + 1, (1,), generator=gen))
         pick = experts[torch.randperm(case.active, generator=gen)[:n]]
         slots = torch.randperm(case.top_k, generator=gen)[:n]
@@ -62,7 +65,9 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.cpu().double() - want).norm() / want.norm()).item()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c.num_tokens}-active{c.active}-H{c.hidden}-I{c.inter}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"T{c.num_tokens}-active{c.active}-idle{c.idle}-H{c.hidden}-I{c.inter}"
+)
 def test_op_with_few_active_experts_matches_float64_reference(case, gen, device):
     _, _, _, ids, want, args = _inputs(case, gen, device)
     sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
@@ -168,8 +173,8 @@ def test_graph_replays_with_one_expert_then_all(gen, device):
     weights = torch.empty(case.num_tokens, case.top_k, device=device)
     ids = torch.empty(case.num_tokens, case.top_k, dtype=torch.int32, device=device)
 
-    def fill(active: int):
-        w, i = _routing(Case(case.num_tokens, active, case.num_experts, case.hidden, case.inter), gen)
+    def fill(active: int):  # one token of four has no local slot
+        w, i = _routing(Case(case.num_tokens, active, case.num_experts, case.hidden, case.inter, idle=1), gen)
         x.copy_(torch.randn(case.num_tokens, case.hidden, generator=gen).bfloat16())
         weights.copy_(w)
         ids.copy_(i)
@@ -185,3 +190,42 @@ def test_graph_replays_with_one_expert_then_all(gen, device):
         graph.replay()
         want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
         assert _rel(out, want) < 1e-2, f"{active} active experts"
+
+
+def test_programmatic_dependent_launch_only_where_it_runs(monkeypatch):
+    # griddepcontrol needs sm_90+; the interpreter and CPU tensors never use it; SGLANG_GLM5_PDL=0 turns it off.
+    assert hardware.launches_dependents(90) and hardware.launches_dependents(120)
+    assert not hardware.launches_dependents(80) and not hardware.launches_dependents(89)
+    assert not routing.uses_pdl(torch.device("cpu"))
+    monkeypatch.delenv("SGLANG_GLM5_PDL", raising=False)
+    assert env.get(env.PDL) is True, "on unless turned off"
+    monkeypatch.setenv("SGLANG_GLM5_PDL", "off")
+    assert env.get(env.PDL) is False
+    if torch.cuda.is_available() and not routing.interpreting():
+        monkeypatch.setenv("SGLANG_GLM5_PDL", "0")
+        assert not routing.uses_pdl(torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="programmatic dependent launch needs a GPU")
+def test_dependent_launches_in_a_graph_give_the_bits_of_plain_ones(gen, device, monkeypatch):
+    # Each launch starting while the one before it runs must change nothing: every kernel waits for the
+    # previous one before touching memory. Eagerly and replayed from a CUDA graph, against plain launches.
+    if device.type != "cuda" or not routing.uses_pdl(device):
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not an sm_90+ GPU")
+    case = Case(6, active=3, idle=1, num_experts=8, hidden=1024, inter=512)
+    layer, x, weights, ids, want, _ = _inputs(case, gen, device)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    args = (x.to(device), bundle, weights.to(device), ids.to(device))
+    kw = {"check_ids": False, "num_global_experts": 64}
+    monkeypatch.setenv("SGLANG_GLM5_PDL", "0")
+    plain = moe.fused_moe(*args, **kw)
+    monkeypatch.setenv("SGLANG_GLM5_PDL", "1")
+    assert torch.equal(moe.fused_moe(*args, **kw), plain)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(*args, **kw)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, plain)
+    assert _rel(plain, want) < 1e-2

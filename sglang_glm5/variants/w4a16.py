@@ -29,7 +29,7 @@ from sglang_glm5 import autotune
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
-from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots
+from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target
 from sglang_glm5.variants import KernelVariant
 
@@ -164,6 +164,7 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
         "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
+        "PDL": False,  # two instructions, no shared memory
     }  # fmt: skip
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
@@ -236,6 +237,8 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
+# The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``).
+PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 
 
 @functools.cache
@@ -329,10 +332,12 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
+    pdl: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
-    ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``)."""
+    ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
+    (``routing.uses_pdl``)."""
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
@@ -379,8 +384,10 @@ def launch_gemm1(
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )
 
 
@@ -396,11 +403,12 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
-    per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint",
+    per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
-    None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other."""
+    None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
+    ``launch_gemm1``."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg)
@@ -448,8 +456,10 @@ def launch_gemm2(
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )
 
 
@@ -469,21 +479,26 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp))
-    route2 = route1 if cfg.gemm2.block_m == cfg.gemm1.block_m else route_pairs(topk_ids, num_experts, cfg.gemm2.block_m)
+    pdl = dict.fromkeys(PDL_LAUNCHES, uses_pdl(device))
+    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
+                         pdl=pdl.get("route", False))  # fmt: skip
+    route2 = route1
+    if cfg.gemm2.block_m != cfg.gemm1.block_m:
+        route2 = route_pairs(topk_ids, num_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False))
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
-                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout)  # fmt: skip
+                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
+                 pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout)  # fmt: skip
-    sum_over_slots(y, topk_ids, out, num_experts, interpret)
+                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
+    sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
 

@@ -1,0 +1,79 @@
+"""Experiment: programmatic dependent launch (PDL) for the W4A16 op's launches at decode, and for which ones.
+
+For EP8 and TP8 (sglang_glm5.bench_real layouts, the layer as the plugin keeps it), B = 1 .. 256 tokens
+per step, the op from a CUDA graph over 16 routings in each variant below, round-robin twice on the same
+inputs; the median of each, its ratio to the first variant, and whether it gives the first variant's bits.
+Usage: python bench/exp/launches.py OUT_DIR
+"""
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from sglang_glm5 import bench_real
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.testing import random_layer
+from sglang_glm5.variants import w4a16
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES)
+ALL = ("route", "gemm1", "gemm2", "sum")
+VARIANTS = {
+    "plain": ("0", ALL),
+    "pdl": ("1", ALL),
+    "pdl-no-gemm1": ("1", ("route", "gemm2", "sum")),
+    "pdl-no-gemm2": ("1", ("route", "gemm1", "sum")),
+}
+
+
+def main(out: Path) -> None:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(os.environ.get("BENCH_SEED", "3")))
+    bw = bench_real.copy_bandwidth()
+    rows = []
+    for name in ("ep8", "tp8"):
+        layout = bench_real.LAYOUTS[name]
+        bundles = [
+            random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)
+        ]
+        for batch in BATCHES:
+            inputs = []
+            for _ in range(bench_real.ROUTINGS):
+                w, ids = bench_real.real_routing(batch, layout, gen)
+                inputs.append((torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16(), w, ids))
+            kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+
+            def call(inputs=inputs, kw=kw, bundles=bundles):
+                for i, (x, w, ids) in enumerate(inputs):
+                    fused_moe(x, bundles[i % 2], w, ids, **kw)
+
+            times = {v: [] for v in VARIANTS}
+            outs = {}
+            for _ in range(2):
+                for variant, (pdl, launches) in VARIANTS.items():
+                    os.environ["SGLANG_GLM5_PDL"] = pdl
+                    w4a16.PDL_LAUNCHES = launches
+                    times[variant].append(bench_real._time(call, True, len(inputs)))
+                    x, w, ids = inputs[0]
+                    outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
+            touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
+            floor = touched * layout.expert_bytes / bw * 1e3
+            med = {v: statistics.median(t) for v, t in times.items()}
+            first = next(iter(VARIANTS))
+            row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times,
+                   "same_bits": {v: bool(torch.equal(outs[v], outs[first])) for v in VARIANTS}}  # fmt: skip
+            rows.append(row)
+            cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f})" for v in VARIANTS)
+            same = ",".join(v for v, s in row["same_bits"].items() if s)
+            print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
+    os.environ.pop("SGLANG_GLM5_PDL", None)
+    w4a16.PDL_LAUNCHES = ALL
+    (out / "launches.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
