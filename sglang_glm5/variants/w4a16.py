@@ -237,7 +237,9 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
-# The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``).
+# The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
+# per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
+# (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 
 
@@ -479,7 +481,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    pdl = dict.fromkeys(PDL_LAUNCHES, uses_pdl(device))
+    pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
                          pdl=pdl.get("route", False))  # fmt: skip
     route2 = route1
