@@ -129,7 +129,8 @@ W4A4_MIN_TOKENS = Switch(
 )  # fmt: skip
 PDL = Switch(
     "SGLANG_GLM5_PDL", "bool", True,
-    "the W4A16 op's launches (routing, gemm1, gemm2, top-k sum) use programmatic dependent launch on sm_90+: "
+    "below one token per expert the W4A16 op's launches (routing, gemm1, gemm2, top-k sum) use programmatic "
+    "dependent launch on sm_90+: "
     "each starts while the one before it runs and waits for it on the GPU; off = plain stream order",
     _flag,
 )  # fmt: skip
