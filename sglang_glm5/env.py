@@ -36,11 +36,6 @@ def parse_bool(name: str, text: str) -> bool:
     raise EnvError(f"{name}: expected one of {', '.join(_TRUE)} (on) or {', '.join(_FALSE[1:])} (off), got {text!r}")
 
 
-def _flag(name: str, text: str) -> bool | None:
-    """``parse_bool``, with empty meaning "the switch's default" (for switches that default to on)."""
-    return parse_bool(name, text) if text.strip() else None
-
-
 def parse_tokens(name: str, text: str, *, allow_inf: bool) -> float | None:
     """A number of tokens per expert >= 0 (infinity only where ``allow_inf``); None when empty."""
     text = text.strip()
@@ -87,8 +82,8 @@ class Switch:
 
 def _parsed(switch: Switch, raw: str) -> object:
     key = (switch.name, raw)
-    if key not in _memo:
-        value = switch.parse(switch.name, raw)
+    if key not in _memo:  # unset or empty: the default (a switch that defaults to on stays on)
+        value = switch.parse(switch.name, raw) if raw.strip() else None
         _memo[key] = switch.default if value is None else value
     return _memo[key]
 
@@ -132,7 +127,7 @@ PDL = Switch(
     "below one token per expert the W4A16 op's launches (routing, gemm1, gemm2, top-k sum) use programmatic "
     "dependent launch on sm_90+: "
     "each starts while the one before it runs and waits for it on the GPU; off = plain stream order",
-    _flag,
+    parse_bool,
 )  # fmt: skip
 STOCK_CONFIGS = Switch(
     "SGLANG_GLM5_STOCK_CONFIGS", "bool", False,

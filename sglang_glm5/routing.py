@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 import triton
 
+from sglang_glm5 import env
+from sglang_glm5.hardware import device_arch, launches_dependents
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
@@ -69,9 +71,6 @@ def uses_pdl(device: torch.device) -> bool:
     (``hardware.launches_dependents``), not the interpreter, and ``SGLANG_GLM5_PDL`` on (the default)."""
     if device.type != "cuda" or interpreting():
         return False
-    from sglang_glm5 import env
-    from sglang_glm5.hardware import device_arch, launches_dependents
-
     arch = device_arch(device)
     return arch is not None and launches_dependents(arch) and bool(env.get(env.PDL))
 
