@@ -1,4 +1,5 @@
-"""Experiment: programmatic dependent launch (PDL) for the W4A16 op's launches at decode, and for which ones.
+"""Experiment: programmatic dependent launch (PDL) for the W4A16 op's launches at decode, and for which ones
+(EXP_SET=pdl), or the GEMMs' L2 prefetch before their wait (EXP_SET=prefetch); EXP_BATCHES the B to time.
 
 For EP8 and TP8 (sglang_glm5.bench_real layouts, the layer as the plugin keeps it), B = 1 .. 256 tokens
 per step, the op from a CUDA graph over 16 routings in each variant below, round-robin twice on the same
@@ -19,15 +20,25 @@ from sglang_glm5.moe import fused_moe
 from sglang_glm5.testing import random_layer
 from sglang_glm5.variants import w4a16
 
-BATCHES = (1, 2, 4, 8, 16, 32, 64)
-# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES)
+BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64").split(","))
+# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES, w4a16.PREFETCH_LAUNCHES); EXP_SET picks a set
 ALL = ("route", "gemm1", "gemm2", "sum")
-VARIANTS = {
-    "plain": ("0", ALL),
-    "pdl": ("1", ALL),
-    "pdl-no-gemm1": ("1", ("route", "gemm2", "sum")),
-    "pdl-no-gemm2": ("1", ("route", "gemm1", "sum")),
+SETS = {
+    "pdl": {  # which launches use PDL (run 20)
+        "plain": ("0", ALL, ()),
+        "pdl": ("1", ALL, ()),
+        "pdl-no-gemm1": ("1", ("route", "gemm2", "sum"), ()),
+        "pdl-no-gemm2": ("1", ("route", "gemm1", "sum"), ()),
+    },
+    "prefetch": {  # which GEMMs prefetch their first weights into L2 before waiting (run 21)
+        "pdl": ("1", ALL, ()),
+        "prefetch": ("1", ALL, ("gemm1", "gemm2")),
+        "prefetch-gemm1": ("1", ALL, ("gemm1",)),
+        "prefetch-gemm2": ("1", ALL, ("gemm2",)),
+        "plain": ("0", ALL, ()),
+    },
 }
+VARIANTS = SETS[os.environ.get("EXP_SET", "pdl")]
 
 
 def main(out: Path) -> None:
@@ -54,9 +65,10 @@ def main(out: Path) -> None:
             times = {v: [] for v in VARIANTS}
             outs = {}
             for _ in range(2):
-                for variant, (pdl, launches) in VARIANTS.items():
+                for variant, (pdl, launches, prefetch) in VARIANTS.items():
                     os.environ["SGLANG_GLM5_PDL"] = pdl
                     w4a16.PDL_LAUNCHES = launches
+                    w4a16.PREFETCH_LAUNCHES = prefetch
                     times[variant].append(bench_real._time(call, True, len(inputs)))
                     x, w, ids = inputs[0]
                     outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
@@ -72,7 +84,8 @@ def main(out: Path) -> None:
             print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
     os.environ.pop("SGLANG_GLM5_PDL", None)
     w4a16.PDL_LAUNCHES = ALL
-    (out / "launches.json").write_text(json.dumps(rows, indent=1))
+    w4a16.PREFETCH_LAUNCHES = ("gemm1", "gemm2")
+    (out / f"launches_{os.environ.get('EXP_SET', 'pdl')}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,144 @@
+"""Experiment: what the W4A16 op's idle programs cost at real routing.
+
+The GEMM grids are sized on the host, without a sync: ``w4a16.plan_launch`` gives about twice the expected
+routing blocks (plus two) block programs times the N tiles (times the K splits), and programs past the used
+blocks exit at once. This times, for EP8 and TP8 at B = 1 .. 256 (``bench_real`` routing, CUDA graph over 16
+routings, round-robin twice on the same inputs):
+- ``plan``: the op as shipped;
+- ``oracle``: the same launches with exactly the used blocks' programs (read on the host before capture, one
+  graph node per routing), i.e. no idle program; what a device-side work list could reach at most;
+- ``oracle-split2``: oracle with every GEMM's K split in two (a config's ``split_k``), B >= 32: finer work
+  items against the wave tail;
+and each kernel's device time under the torch profiler for ``plan`` and ``oracle``.
+Usage: python bench/exp/idle_programs.py OUT_DIR
+"""
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from sglang_glm5 import autotune, bench_real, routing
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.testing import random_layer
+from sglang_glm5.variants import w4a16
+
+BATCHES = (1, 2, 4, 16, 64, 256)
+_real_plan = w4a16.plan_gemms
+_used: list[tuple[int, int]] = []  # (gemm1 used blocks, gemm2 used blocks) of the next calls, in order
+
+
+def _oracle_plan(*args, **kwargs):
+    plan = _real_plan(*args, **kwargs)
+    u1, u2 = _used.pop(0)
+    return plan._replace(
+        gemm1=dataclasses.replace(plan.gemm1, block_programs=max(1, u1)),
+        gemm2=dataclasses.replace(plan.gemm2, block_programs=max(1, u2)),
+    )
+
+
+def _used_blocks(ids, num_experts, cfg) -> tuple[int, int]:
+    return tuple(
+        int(routing.route_pairs(ids, num_experts, g.block_m).used_blocks.item()) for g in (cfg.gemm1, cfg.gemm2)
+    )
+
+
+def kernel_us(fn, calls: int) -> dict[str, float]:
+    """Device microseconds per call of each kernel of ``fn`` (which makes ``calls`` calls), from a graph replay."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    reps = 20
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            name = ev.name.split("(")[0]
+            for short in ("gemm1", "gemm2", "sum", "align"):
+                if short in name:
+                    name = short
+            total[name] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    return {k: v / (reps * calls) for k, v in total.items()}
+
+
+def main(out: Path) -> None:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(os.environ.get("BENCH_SEED", "11")))
+    bw = bench_real.copy_bandwidth()
+    rows = []
+    kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+    for name in ("ep8", "tp8"):
+        layout = bench_real.LAYOUTS[name]
+        bundles = [
+            random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)
+        ]
+        for batch in BATCHES:
+            inputs = []
+            for _ in range(bench_real.ROUTINGS):
+                w, ids = bench_real.real_routing(batch, layout, gen)
+                inputs.append((torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16(), w, ids))
+            cfg = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
+                                       torch.device("cuda"))  # fmt: skip
+            cfg2 = dataclasses.replace(cfg, gemm1=dataclasses.replace(cfg.gemm1, split_k=2),
+                                       gemm2=dataclasses.replace(cfg.gemm2, split_k=2))  # fmt: skip
+            used = {id(c): [_used_blocks(ids, layout.num_experts, c) for _, _, ids in inputs] for c in (cfg, cfg2)}
+            variants = {"plan": (False, None), "oracle": (True, None)}
+            if batch >= 32:
+                variants["oracle-split2"] = (True, cfg2)
+
+            def call(oracle, config, inputs=inputs, bundles=bundles, used=used, cfg=cfg):
+                if oracle:
+                    _used[:] = list(used[id(config or cfg)])
+                    w4a16.plan_gemms = _oracle_plan
+                try:
+                    for i, (x, w, ids) in enumerate(inputs):
+                        fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
+                finally:
+                    w4a16.plan_gemms = _real_plan
+
+            times = {v: [] for v in variants}
+            outs = {}
+            for _ in range(2):
+                for v, (oracle, config) in variants.items():
+                    # _time calls fn three times (compile, capture, and the graph): the oracle list refills each call
+                    times[v].append(bench_real._time(lambda o=oracle, c=config: call(o, c), True, len(inputs)))
+                    x, w, ids = inputs[0]
+                    if oracle:
+                        _used[:] = [used[id(config or cfg)][0]]
+                        w4a16.plan_gemms = _oracle_plan
+                    outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw)
+                    w4a16.plan_gemms = _real_plan
+            kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
+                       list(variants.items())[:2]}  # fmt: skip
+            touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
+            floor = touched * layout.expert_bytes / bw * 1e3
+            med = {v: statistics.median(t) for v, t in times.items()}
+            same = {v: bool(torch.equal(outs[v], outs["plan"])) for v in outs}
+            row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
+                   "config": str(cfg), "used_blocks": used[id(cfg)], "same_bits": same}  # fmt: skip
+            rows.append(row)
+            cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med['plan']:.3f})" for v in variants)
+            kcols = " | ".join(
+                f"{v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())) for v, ks in kernels.items()
+            )
+            print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | {kcols} | same bits "
+                  f"{','.join(v for v, s in row['same_bits'].items() if s)}", flush=True)  # fmt: skip
+    (out / "idle_programs.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
