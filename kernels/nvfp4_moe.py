@@ -166,53 +166,6 @@ def let_next_launch(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-# One L2 prefetch hint per address (``_prefetch_l2``): no register written, nothing waited for. The dummy output is
-# what ``inline_asm_elementwise`` needs; the call is not pure, so it is kept.
-_PREFETCH_PTX = tl.constexpr("prefetch.global.L2 [$1];\nmov.u32 $0, 0;")
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 to fetch the line holding each address of ``ptrs`` (valid addresses only)."""
-    tl.inline_asm_elementwise(_PREFETCH_PTX, "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(
-    w_rows_ptr,  # [BLOCK_N] int16 pointers to packed weight rows (4 K elements a word)
-    s_rows_ptr,  # [BLOCK_N] pointers to their scale rows (one byte per 16 K elements)
-    k_begin,
-    k_end,
-    BLOCK_K: tl.constexpr,
-):
-    """L2 prefetch hints for K elements [k_begin, k_end) of the rows: one per 32 bytes of codes, one per K step
-    of scales."""
-    chunks = tl.arange(0, BLOCK_K // 64) * 16  # 32 bytes = 16 words apart
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        _prefetch_l2(w_rows_ptr[:, None] + (k0 // 4 + chunks)[None, :])
-        _prefetch_l2(s_rows_ptr + k0 // 16)
-
-
-@triton.jit
-def _nth_active_expert(
-    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
-    num_pairs,
-    num_experts,
-    n,
-    P_PAD: tl.constexpr,  # power of two >= P
-    E_PAD: tl.constexpr,  # power of two >= num_experts
-):
-    """The n-th smallest local expert id in ``topk_ids`` (-1 when fewer are present): the expert of routing
-    block n when no expert holds more than BLOCK_M pairs, as at decode. Read from the op's input, not from the
-    routing launch, so that it can be known before that launch ends."""
-    offs = tl.arange(0, P_PAD)
-    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1, cache_modifier=".cg")
-    ok = (ids >= 0) & (ids < num_experts)
-    present = (tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok) > 0).to(tl.int32)
-    rank = tl.cumsum(present, axis=0) - 1
-    return tl.max(tl.where((present > 0) & (rank == n), tl.arange(0, E_PAD), -1), axis=0)
-
-
 @triton.jit
 def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
@@ -422,9 +375,7 @@ def nvfp4_moe_gemm1_kernel(
     part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
     counter_ptr,  # [num_blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1), else unused
     h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
-    topk_ids_ptr,  # [P] int32/int64 local expert ids, the op's input (PREFETCH), else unused
     num_pairs,  # P = T * top_k
-    num_experts,  # E, local (PREFETCH)
     top_k,
     inter_size,  # I
     hidden_size,  # H (the K of this GEMM)
@@ -448,28 +399,12 @@ def nvfp4_moe_gemm1_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-    PREFETCH: tl.constexpr = False,  # with PDL: L2 prefetch of this program's first weights before waiting
-    P_PAD: tl.constexpr = 1,  # power of two >= P (PREFETCH)
-    E_PAD: tl.constexpr = 1,  # power of two >= E (PREFETCH)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
     bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
     partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
-    in split order, so the result does not depend on which program that is, and applies SiLU * up.
-
-    PREFETCH: before waiting for the routing launch, each program finds the expert its first block will have
-    (from the op's input ids, ``_nth_active_expert``) and asks L2 for its K slice of that expert's rows, so
-    that the weights stream in while the routing launch runs. Only a hint: the blocks come from the routing."""
-    if PREFETCH:
-        first = _nth_active_expert(topk_ids_ptr, num_pairs, num_experts, tl.program_id(0), P_PAD, E_PAD)
-        if first >= 0:
-            _, _, rows = tile_columns(tl.program_id(1), inter_size, BLOCK_N)
-            k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
-            for row0 in tl.static_range(2):  # gate, then up
-                w_rows, s_rows = expert_rows(w_ptr, ws_ptr, first.to(tl.int64), (up_row0 if row0 else gate_row0) + rows,
-                                             stride_we, stride_wn, stride_se, stride_sn)  # fmt: skip
-                _prefetch_rows(w_rows, s_rows, k_begin, k_end, BLOCK_K)
+    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
@@ -609,25 +544,12 @@ def nvfp4_moe_gemm2_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-    PREFETCH: tl.constexpr = False,  # with PDL: L2 prefetch of this program's first weights before waiting
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
-    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other.
-
-    PREFETCH: before waiting for gemm1, each program asks L2 for its first tile's K slice of its first block's
-    expert. The routing launch that wrote the block experts has ended by then: this launch starts once every
-    gemm1 program has passed its own wait. Only a hint either way."""
-    if PREFETCH:
-        first = tl.load(block_expert_ptr + tl.program_id(0), cache_modifier=".cg")
-        if first >= 0:
-            _, _, rows = tile_columns(tl.program_id(1), hidden_size, BLOCK_N)
-            w_rows, s_rows = expert_rows(w_ptr, ws_ptr, first.to(tl.int64), rows, stride_we, stride_wn, stride_se,
-                                         stride_sn)  # fmt: skip
-            k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1)
-            _prefetch_rows(w_rows, s_rows, k_begin, k_end, BLOCK_K)
+    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):

@@ -1,5 +1,5 @@
 """Experiment: programmatic dependent launch (PDL) for the W4A16 op's launches at decode, and for which ones
-(EXP_SET=pdl), or the GEMMs' L2 prefetch before their wait (EXP_SET=prefetch); EXP_BATCHES the B to time.
+(EXP_SET=pdl), or the programs per SM of the split-K plan (EXP_SET=pps); EXP_BATCHES the B to time.
 
 For EP8 and TP8 (sglang_glm5.bench_real layouts, the layer as the plugin keeps it), B = 1 .. 256 tokens
 per step, the op from a CUDA graph over 16 routings in each variant below, round-robin twice on the same
@@ -21,21 +21,21 @@ from sglang_glm5.testing import random_layer
 from sglang_glm5.variants import w4a16
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64").split(","))
-# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES, w4a16.PREFETCH_LAUNCHES); EXP_SET picks a set
+# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES, w4a16.PROGRAMS_PER_SM); EXP_SET picks a set. Run 21's set "prefetch"
+# (the GEMMs' L2 prefetch before their wait, w4a16.PREFETCH_LAUNCHES) ran on commit 9df2ba6, which has that code.
 ALL = ("route", "gemm1", "gemm2", "sum")
 SETS = {
     "pdl": {  # which launches use PDL (run 20)
-        "plain": ("0", ALL, ()),
-        "pdl": ("1", ALL, ()),
-        "pdl-no-gemm1": ("1", ("route", "gemm2", "sum"), ()),
-        "pdl-no-gemm2": ("1", ("route", "gemm1", "sum"), ()),
+        "plain": ("0", ALL, 2),
+        "pdl": ("1", ALL, 2),
+        "pdl-no-gemm1": ("1", ("route", "gemm2", "sum"), 2),
+        "pdl-no-gemm2": ("1", ("route", "gemm1", "sum"), 2),
     },
-    "prefetch": {  # which GEMMs prefetch their first weights into L2 before waiting (run 21)
-        "pdl": ("1", ALL, ()),
-        "prefetch": ("1", ALL, ("gemm1", "gemm2")),
-        "prefetch-gemm1": ("1", ALL, ("gemm1",)),
-        "prefetch-gemm2": ("1", ALL, ("gemm2",)),
-        "plain": ("0", ALL, ()),
+    "pps": {  # programs per SM that the split-K plan aims for (run 21)
+        "pps2": ("1", ALL, 2),
+        "pps1": ("1", ALL, 1),
+        "pps3": ("1", ALL, 3),
+        "pps4": ("1", ALL, 4),
     },
 }
 VARIANTS = SETS[os.environ.get("EXP_SET", "pdl")]
@@ -65,10 +65,10 @@ def main(out: Path) -> None:
             times = {v: [] for v in VARIANTS}
             outs = {}
             for _ in range(2):
-                for variant, (pdl, launches, prefetch) in VARIANTS.items():
+                for variant, (pdl, launches, pps) in VARIANTS.items():
                     os.environ["SGLANG_GLM5_PDL"] = pdl
                     w4a16.PDL_LAUNCHES = launches
-                    w4a16.PREFETCH_LAUNCHES = prefetch
+                    w4a16.PROGRAMS_PER_SM = pps
                     times[variant].append(bench_real._time(call, True, len(inputs)))
                     x, w, ids = inputs[0]
                     outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
@@ -84,7 +84,7 @@ def main(out: Path) -> None:
             print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
     os.environ.pop("SGLANG_GLM5_PDL", None)
     w4a16.PDL_LAUNCHES = ALL
-    w4a16.PREFETCH_LAUNCHES = ("gemm1", "gemm2")
+    w4a16.PROGRAMS_PER_SM = 2
     (out / f"launches_{os.environ.get('EXP_SET', 'pdl')}.json").write_text(json.dumps(rows, indent=1))
 
 

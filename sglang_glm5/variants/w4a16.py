@@ -139,10 +139,10 @@ def _kernel_fn(kernel: str):
 _POINTERS = {
     "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
     "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
-    "part_ptr": "*fp32", "counter_ptr": "*i32", "topk_ids_ptr": "*i32",
+    "part_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
-_NOT_DIVISIBLE = {"num_pairs", "num_experts", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
+_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
 
 
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
@@ -165,7 +165,6 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
         "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
         "PDL": False,  # two instructions, no shared memory
-        "PREFETCH": False,  # hints before the wait, no shared memory
     }  # fmt: skip
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
@@ -242,8 +241,6 @@ PROGRAMS_PER_SM = 2
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
-# The GEMMs that, launched with PDL, prefetch their first weights into L2 before waiting (the kernels' PREFETCH).
-PREFETCH_LAUNCHES: tuple[str, ...] = ()  # measured slower at every decode size (run 21): off
 
 
 @functools.cache
@@ -337,22 +334,18 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False, prefetch_ids: torch.Tensor | None = None,
+    pdl: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
     ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
-    (``routing.uses_pdl``). ``prefetch_ids`` (with ``pdl``): the call's topk_ids, from which each program
-    prefetches its first weights into L2 before waiting (the kernel's PREFETCH)."""
+    (``routing.uses_pdl``)."""
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
-    prefetch = pdl and prefetch_ids is not None
-    if prefetch and prefetch_ids.numel() != num_pairs:
-        raise ValueError(f"prefetch_ids: expected the call's {num_pairs} topk_ids, got {prefetch_ids.numel()}")
     part = None
     if split:
         if counters is None or counters.numel() < route.block_expert.numel() * tiles:
@@ -370,9 +363,7 @@ def launch_gemm1(
         part_ptr=part if split else h,
         counter_ptr=counters if split else route.used_blocks,
         h_ptr=h,
-        topk_ids_ptr=route.used_blocks if prefetch_ids is None else prefetch_ids,
         num_pairs=num_pairs,
-        num_experts=w13.shape[0],
         top_k=top_k,
         inter_size=inter,
         hidden_size=x.shape[1],
@@ -396,9 +387,6 @@ def launch_gemm1(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        PREFETCH=prefetch,
-        P_PAD=triton.next_power_of_2(num_pairs) if prefetch else 1,
-        E_PAD=triton.next_power_of_2(w13.shape[0]) if prefetch else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -418,13 +406,11 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    prefetch: bool = False,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
-    ``launch_gemm1``; ``prefetch`` (with ``pdl``): each program prefetches its first weights into L2 before
-    waiting for gemm1."""
+    ``launch_gemm1``."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg)
@@ -473,7 +459,6 @@ def launch_gemm2(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        PREFETCH=pdl and prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -497,7 +482,6 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
-    ids = topk_ids.reshape(-1)
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
                          pdl=pdl.get("route", False))  # fmt: skip
     route2 = route1
@@ -508,14 +492,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
                  up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False), prefetch_ids=ids if "gemm1" in PREFETCH_LAUNCHES else None)  # fmt: skip
+                 pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False), prefetch="gemm2" in PREFETCH_LAUNCHES)  # fmt: skip
+                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
