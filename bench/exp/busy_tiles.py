@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
-from idle_programs import kernel_us
+from decode_cases import cases, kernel_us
 
 from sglang_glm5 import autotune, bench_real
 from sglang_glm5.moe import fused_moe
-from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "32,64,128,256").split(","))
@@ -51,49 +50,38 @@ def main(out: Path) -> None:
     bw = bench_real.copy_bandwidth()
     rows = []
     kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
-    for name in ("ep8", "tp8"):
-        layout = bench_real.LAYOUTS[name]
-        bundles = [
-            random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)
-        ]
-        for batch in BATCHES:
-            inputs = []
-            for _ in range(bench_real.ROUTINGS):
-                w, ids = bench_real.real_routing(batch, layout, gen)
-                inputs.append((torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16(), w, ids))
-            cached = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
-                                          torch.device("cuda"))  # fmt: skip
-            configs = {
-                v: dataclasses.replace(
-                    cached, **{g: parse(t) for g, t in zip(("gemm1", "gemm2"), tiles, strict=True) if t}
-                )
-                for v, tiles in VARIANTS.items()
-            }
+    for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
+        cached = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
+                                      torch.device("cuda"))  # fmt: skip
+        configs = {
+            v: dataclasses.replace(cached, **{g: parse(t) for g, t in zip(("gemm1", "gemm2"), tiles, strict=True) if t})
+            for v, tiles in VARIANTS.items()
+        }
 
-            def call(config, inputs=inputs, bundles=bundles):
-                for i, (x, w, ids) in enumerate(inputs):
-                    fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
+        def call(config, inputs=inputs, bundles=bundles):
+            for i, (x, w, ids) in enumerate(inputs):
+                fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
 
-            times = {v: [] for v in VARIANTS}
-            outs = {}
-            for _ in range(2):
-                for v, config in configs.items():
-                    times[v].append(bench_real._time(lambda c=config: call(c), True, len(inputs)))
-                    x, w, ids = inputs[0]
-                    outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw).float()
-            kernels = {v: kernel_us(lambda c=config: call(c), len(inputs)) for v, config in configs.items()}
-            touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-            floor = touched * layout.expert_bytes / bw * 1e3
-            med = {v: statistics.median(t) for v, t in times.items()}
-            ref = outs["cache"]
-            rel = {v: float((o - ref).abs().max() / ref.abs().max()) for v, o in outs.items()}
-            rows.append({"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
-                         "configs": {v: str(c) for v, c in configs.items()}, "rel_diff": rel})  # fmt: skip
-            print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us, cached {cached}", flush=True)
-            for v in VARIANTS:
-                ks = " ".join(f"{k} {t:.1f}" for k, t in sorted(kernels[v].items()))
-                print(f"  {v:22s} {med[v] * 1e3:7.2f} us ({med[v] / med['cache']:.3f}, floor/ours "
-                      f"{floor / med[v]:.0%}) | {ks} | rel diff {rel[v]:.1e}", flush=True)  # fmt: skip
+        times = {v: [] for v in VARIANTS}
+        outs = {}
+        for _ in range(2):
+            for v, config in configs.items():
+                times[v].append(bench_real._time(lambda c=config: call(c), True, len(inputs)))
+                x, w, ids = inputs[0]
+                outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw).float()
+        kernels = {v: kernel_us(lambda c=config: call(c), len(inputs)) for v, config in configs.items()}
+        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
+        floor = touched * layout.expert_bytes / bw * 1e3
+        med = {v: statistics.median(t) for v, t in times.items()}
+        ref = outs["cache"]
+        rel = {v: float((o - ref).abs().max() / ref.abs().max()) for v, o in outs.items()}
+        rows.append({"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
+                     "configs": {v: str(c) for v, c in configs.items()}, "rel_diff": rel})  # fmt: skip
+        print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us, cached {cached}", flush=True)
+        for v in VARIANTS:
+            ks = " ".join(f"{k} {t:.1f}" for k, t in sorted(kernels[v].items()))
+            print(f"  {v:22s} {med[v] * 1e3:7.2f} us ({med[v] / med['cache']:.3f}, floor/ours "
+                  f"{floor / med[v]:.0%}) | {ks} | rel diff {rel[v]:.1e}", flush=True)  # fmt: skip
     (out / "busy_tiles.json").write_text(json.dumps(rows, indent=1))
 
 

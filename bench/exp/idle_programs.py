@@ -18,15 +18,13 @@ import json
 import os
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from decode_cases import cases, kernel_us
 
 from sglang_glm5 import autotune, bench_real, routing
 from sglang_glm5.moe import fused_moe
-from sglang_glm5.testing import random_layer
 from sglang_glm5.variants import w4a16
 
 BATCHES = (1, 2, 4, 16, 64, 256)
@@ -49,94 +47,59 @@ def _used_blocks(ids, num_experts, cfg) -> tuple[int, int]:
     )
 
 
-def kernel_us(fn, calls: int) -> dict[str, float]:
-    """Device microseconds per call of each kernel of ``fn`` (which makes ``calls`` calls), from a graph replay."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    reps = 20
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type.name == "CUDA":
-            name = ev.name.split("(")[0]
-            for short in ("gemm1", "gemm2", "sum", "align"):
-                if short in name:
-                    name = short
-            total[name] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-    return {k: v / (reps * calls) for k, v in total.items()}
-
-
 def main(out: Path) -> None:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(os.environ.get("BENCH_SEED", "11")))
     bw = bench_real.copy_bandwidth()
     rows = []
     kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
-    for name in ("ep8", "tp8"):
-        layout = bench_real.LAYOUTS[name]
-        bundles = [
-            random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)
-        ]
-        for batch in BATCHES:
-            inputs = []
-            for _ in range(bench_real.ROUTINGS):
-                w, ids = bench_real.real_routing(batch, layout, gen)
-                inputs.append((torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16(), w, ids))
-            cfg = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
-                                       torch.device("cuda"))  # fmt: skip
-            cfg2 = dataclasses.replace(cfg, gemm1=dataclasses.replace(cfg.gemm1, split_k=2),
-                                       gemm2=dataclasses.replace(cfg.gemm2, split_k=2))  # fmt: skip
-            used = {id(c): [_used_blocks(ids, layout.num_experts, c) for _, _, ids in inputs] for c in (cfg, cfg2)}
-            variants = {"plan": (False, None), "oracle": (True, None)}
-            if batch >= 32:
-                variants["oracle-split2"] = (True, cfg2)
+    for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
+        cfg = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
+                                   torch.device("cuda"))  # fmt: skip
+        cfg2 = dataclasses.replace(cfg, gemm1=dataclasses.replace(cfg.gemm1, split_k=2),
+                                   gemm2=dataclasses.replace(cfg.gemm2, split_k=2))  # fmt: skip
+        used = {id(c): [_used_blocks(ids, layout.num_experts, c) for _, _, ids in inputs] for c in (cfg, cfg2)}
+        variants = {"plan": (False, None), "oracle": (True, None)}
+        if batch >= 32:
+            variants["oracle-split2"] = (True, cfg2)
 
-            def call(oracle, config, inputs=inputs, bundles=bundles, used=used, cfg=cfg):
+        def call(oracle, config, inputs=inputs, bundles=bundles, used=used, cfg=cfg):
+            if oracle:
+                _used[:] = list(used[id(config or cfg)])
+                w4a16.plan_gemms = _oracle_plan
+            try:
+                for i, (x, w, ids) in enumerate(inputs):
+                    fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
+            finally:
+                w4a16.plan_gemms = _real_plan
+
+        times = {v: [] for v in variants}
+        outs = {}
+        for _ in range(2):
+            for v, (oracle, config) in variants.items():
+                # _time calls fn three times (compile, capture, and the graph): the oracle list refills each call
+                times[v].append(bench_real._time(lambda o=oracle, c=config: call(o, c), True, len(inputs)))
+                x, w, ids = inputs[0]
                 if oracle:
-                    _used[:] = list(used[id(config or cfg)])
+                    _used[:] = [used[id(config or cfg)][0]]
                     w4a16.plan_gemms = _oracle_plan
-                try:
-                    for i, (x, w, ids) in enumerate(inputs):
-                        fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
-                finally:
-                    w4a16.plan_gemms = _real_plan
-
-            times = {v: [] for v in variants}
-            outs = {}
-            for _ in range(2):
-                for v, (oracle, config) in variants.items():
-                    # _time calls fn three times (compile, capture, and the graph): the oracle list refills each call
-                    times[v].append(bench_real._time(lambda o=oracle, c=config: call(o, c), True, len(inputs)))
-                    x, w, ids = inputs[0]
-                    if oracle:
-                        _used[:] = [used[id(config or cfg)][0]]
-                        w4a16.plan_gemms = _oracle_plan
-                    outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw)
-                    w4a16.plan_gemms = _real_plan
-            kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
-                       list(variants.items())[:2]}  # fmt: skip
-            touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-            floor = touched * layout.expert_bytes / bw * 1e3
-            med = {v: statistics.median(t) for v, t in times.items()}
-            same = {v: bool(torch.equal(outs[v], outs["plan"])) for v in outs}
-            row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
-                   "config": str(cfg), "used_blocks": used[id(cfg)], "same_bits": same}  # fmt: skip
-            rows.append(row)
-            cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med['plan']:.3f})" for v in variants)
-            kcols = " | ".join(
-                f"{v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())) for v, ks in kernels.items()
-            )
-            print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | {kcols} | same bits "
-                  f"{','.join(v for v, s in row['same_bits'].items() if s)}", flush=True)  # fmt: skip
+                outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw)
+                w4a16.plan_gemms = _real_plan
+        kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
+                   list(variants.items())[:2]}  # fmt: skip
+        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
+        floor = touched * layout.expert_bytes / bw * 1e3
+        med = {v: statistics.median(t) for v, t in times.items()}
+        same = {v: bool(torch.equal(outs[v], outs["plan"])) for v in outs}
+        row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
+               "config": str(cfg), "used_blocks": used[id(cfg)], "same_bits": same}  # fmt: skip
+        rows.append(row)
+        cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med['plan']:.3f})" for v in variants)
+        kcols = " | ".join(
+            f"{v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())) for v, ks in kernels.items()
+        )
+        print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | {kcols} | same bits "
+              f"{','.join(v for v, s in row['same_bits'].items() if s)}", flush=True)  # fmt: skip
     (out / "idle_programs.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import torch
+from decode_cases import cases
 
 from sglang_glm5 import bench_real
 from sglang_glm5.moe import fused_moe
-from sglang_glm5.testing import random_layer
 from sglang_glm5.variants import w4a16
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64").split(","))
@@ -46,42 +46,33 @@ def main(out: Path) -> None:
     gen.manual_seed(int(os.environ.get("BENCH_SEED", "3")))
     bw = bench_real.copy_bandwidth()
     rows = []
-    for name in ("ep8", "tp8"):
-        layout = bench_real.LAYOUTS[name]
-        bundles = [
-            random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)
-        ]
-        for batch in BATCHES:
-            inputs = []
-            for _ in range(bench_real.ROUTINGS):
-                w, ids = bench_real.real_routing(batch, layout, gen)
-                inputs.append((torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16(), w, ids))
-            kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+    for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
+        kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
 
-            def call(inputs=inputs, kw=kw, bundles=bundles):
-                for i, (x, w, ids) in enumerate(inputs):
-                    fused_moe(x, bundles[i % 2], w, ids, **kw)
+        def call(inputs=inputs, kw=kw, bundles=bundles):
+            for i, (x, w, ids) in enumerate(inputs):
+                fused_moe(x, bundles[i % 2], w, ids, **kw)
 
-            times = {v: [] for v in VARIANTS}
-            outs = {}
-            for _ in range(2):
-                for variant, (pdl, launches, pps) in VARIANTS.items():
-                    os.environ["SGLANG_GLM5_PDL"] = pdl
-                    w4a16.PDL_LAUNCHES = launches
-                    w4a16.PROGRAMS_PER_SM = pps
-                    times[variant].append(bench_real._time(call, True, len(inputs)))
-                    x, w, ids = inputs[0]
-                    outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
-            touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-            floor = touched * layout.expert_bytes / bw * 1e3
-            med = {v: statistics.median(t) for v, t in times.items()}
-            first = next(iter(VARIANTS))
-            row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times,
-                   "same_bits": {v: bool(torch.equal(outs[v], outs[first])) for v in VARIANTS}}  # fmt: skip
-            rows.append(row)
-            cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f})" for v in VARIANTS)
-            same = ",".join(v for v, s in row["same_bits"].items() if s)
-            print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
+        times = {v: [] for v in VARIANTS}
+        outs = {}
+        for _ in range(2):
+            for variant, (pdl, launches, pps) in VARIANTS.items():
+                os.environ["SGLANG_GLM5_PDL"] = pdl
+                w4a16.PDL_LAUNCHES = launches
+                w4a16.PROGRAMS_PER_SM = pps
+                times[variant].append(bench_real._time(call, True, len(inputs)))
+                x, w, ids = inputs[0]
+                outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
+        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
+        floor = touched * layout.expert_bytes / bw * 1e3
+        med = {v: statistics.median(t) for v, t in times.items()}
+        first = next(iter(VARIANTS))
+        row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times,
+               "same_bits": {v: bool(torch.equal(outs[v], outs[first])) for v in VARIANTS}}  # fmt: skip
+        rows.append(row)
+        cols = "  ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f})" for v in VARIANTS)
+        same = ",".join(v for v, s in row["same_bits"].items() if s)
+        print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
     os.environ.pop("SGLANG_GLM5_PDL", None)
     w4a16.PDL_LAUNCHES = ALL
     w4a16.PROGRAMS_PER_SM = 2
