@@ -16,10 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-from decode_cases import cases, kernel_us
+from decode_cases import OP_KWARGS, cached_config, cases, floor_ms, generator, kernel_us
 
-from sglang_glm5 import autotune, bench_real
+from sglang_glm5 import bench_real
 from sglang_glm5.moe import fused_moe
 from sglang_glm5.tiles import GemmConfig
 
@@ -45,14 +44,12 @@ def parse(label: str) -> GemmConfig:
 
 
 def main(out: Path) -> None:
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(os.environ.get("BENCH_SEED", "13")))
+    gen = generator(13)
     bw = bench_real.copy_bandwidth()
     rows = []
-    kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+    kw = OP_KWARGS
     for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
-        cached = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
-                                      torch.device("cuda"))  # fmt: skip
+        cached = cached_config(layout, batch)
         configs = {
             v: dataclasses.replace(cached, **{g: parse(t) for g, t in zip(("gemm1", "gemm2"), tiles, strict=True) if t})
             for v, tiles in VARIANTS.items()
@@ -70,8 +67,7 @@ def main(out: Path) -> None:
                 x, w, ids = inputs[0]
                 outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw).float()
         kernels = {v: kernel_us(lambda c=config: call(c), len(inputs)) for v, config in configs.items()}
-        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-        floor = touched * layout.expert_bytes / bw * 1e3
+        floor = floor_ms(inputs, layout, bw)
         med = {v: statistics.median(t) for v, t in times.items()}
         ref = outs["cache"]
         rel = {v: float((o - ref).abs().max() / ref.abs().max()) for v, o in outs.items()}

@@ -1,12 +1,39 @@
-"""What the decode experiments share: the layers and real routings they time, and per-kernel device times."""
+"""What the decode experiments share: the seeded generator, the layers and real routings they time, the op's
+keyword arguments and cached tiles for them, the touched-experts floor, and per-kernel device times."""
 
+import os
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sglang_glm5 import bench_real
+from sglang_glm5 import autotune, bench_real
 from sglang_glm5.testing import random_layer
+from sglang_glm5.tiles import MoeConfig
+
+# How the experiments call the op: ids already in range, the routing's global expert count (as the plugin calls it).
+OP_KWARGS = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+
+
+def generator(default_seed: int) -> torch.Generator:
+    """A CUDA generator seeded from $BENCH_SEED, else ``default_seed``."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(os.environ.get("BENCH_SEED", str(default_seed))))
+    return gen
+
+
+def cached_config(layout: bench_real.Layout, batch: int) -> MoeConfig:
+    """The W4A16 tiles the op picks for B tokens on this layout and GPU."""
+    tokens_per_expert = batch * bench_real.TOP_K / bench_real.GLOBAL_EXPERTS
+    return autotune.pick_config("w4a16", tokens_per_expert, layout.num_experts, layout.hidden, layout.inter,
+                                torch.device("cuda"))  # fmt: skip
+
+
+def floor_ms(inputs, layout: bench_real.Layout, bandwidth: float) -> float:
+    """The touched-experts floor of ``cases`` inputs: the NVFP4 bytes of the experts a step touches, on average,
+    at ``bandwidth`` (bytes/s, ``bench_real.copy_bandwidth``), in ms."""
+    touched = sum(int(torch.unique(ids[ids >= 0]).numel()) for _, _, ids in inputs) / len(inputs)
+    return touched * layout.expert_bytes / bandwidth * 1e3
 
 
 def cases(gen: torch.Generator, batches):

@@ -15,15 +15,14 @@ Usage: python bench/exp/idle_programs.py OUT_DIR
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
-from decode_cases import cases, kernel_us
+from decode_cases import OP_KWARGS, cached_config, cases, floor_ms, generator, kernel_us
 
-from sglang_glm5 import autotune, bench_real, routing
+from sglang_glm5 import bench_real, routing
 from sglang_glm5.moe import fused_moe
 from sglang_glm5.variants import w4a16
 
@@ -48,14 +47,12 @@ def _used_blocks(ids, num_experts, cfg) -> tuple[int, int]:
 
 
 def main(out: Path) -> None:
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(os.environ.get("BENCH_SEED", "11")))
+    gen = generator(11)
     bw = bench_real.copy_bandwidth()
     rows = []
-    kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+    kw = OP_KWARGS
     for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
-        cfg = autotune.pick_config("w4a16", batch * 8 / 256, layout.num_experts, layout.hidden, layout.inter,
-                                   torch.device("cuda"))  # fmt: skip
+        cfg = cached_config(layout, batch)
         cfg2 = dataclasses.replace(cfg, gemm1=dataclasses.replace(cfg.gemm1, split_k=2),
                                    gemm2=dataclasses.replace(cfg.gemm2, split_k=2))  # fmt: skip
         used = {id(c): [_used_blocks(ids, layout.num_experts, c) for _, _, ids in inputs] for c in (cfg, cfg2)}
@@ -87,8 +84,7 @@ def main(out: Path) -> None:
                 w4a16.plan_gemms = _real_plan
         kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
                    list(variants.items())[:2]}  # fmt: skip
-        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-        floor = touched * layout.expert_bytes / bw * 1e3
+        floor = floor_ms(inputs, layout, bw)
         med = {v: statistics.median(t) for v, t in times.items()}
         same = {v: bool(torch.equal(outs[v], outs["plan"])) for v in outs}
         row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,

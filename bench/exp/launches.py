@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
-from decode_cases import cases
+from decode_cases import OP_KWARGS, cases, floor_ms, generator
 
 from sglang_glm5 import bench_real
 from sglang_glm5.moe import fused_moe
@@ -42,12 +42,11 @@ VARIANTS = SETS[os.environ.get("EXP_SET", "pdl")]
 
 
 def main(out: Path) -> None:
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(os.environ.get("BENCH_SEED", "3")))
+    gen = generator(3)
     bw = bench_real.copy_bandwidth()
     rows = []
     for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
-        kw = {"check_ids": False, "num_global_experts": bench_real.GLOBAL_EXPERTS}
+        kw = OP_KWARGS
 
         def call(inputs=inputs, kw=kw, bundles=bundles):
             for i, (x, w, ids) in enumerate(inputs):
@@ -63,8 +62,7 @@ def main(out: Path) -> None:
                 times[variant].append(bench_real._time(call, True, len(inputs)))
                 x, w, ids = inputs[0]
                 outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
-        touched = sum(int(torch.unique(i[i >= 0]).numel()) for _, _, i in inputs) / len(inputs)
-        floor = touched * layout.expert_bytes / bw * 1e3
+        floor = floor_ms(inputs, layout, bw)
         med = {v: statistics.median(t) for v, t in times.items()}
         first = next(iter(VARIANTS))
         row = {"layout": name, "batch": batch, "floor_ms": floor, "ms": times,
