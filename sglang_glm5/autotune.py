@@ -45,6 +45,8 @@ from sglang_glm5.variants import KernelVariant
 
 log = logging.getLogger("sglang_glm5.autotune")
 MAX_BUCKET = 4096
+# Tiles per (kernel, bucket) the tuner times again with other K split counts (``KernelVariant.split_candidates``).
+SPLIT_LEADERS = 3
 
 
 # Decode under expert parallelism has fewer tokens than experts: GLM-5 at B tokens per step has
@@ -467,12 +469,14 @@ def tune(
 ) -> tuple[dict[str, Entry], TuneReport]:
     """Pick a config per (kernel, bucket) of a kernel family (default W4A16) for one layer shape.
 
-    With ``bench`` (the target is the local GPU) every feasible candidate is timed and the fastest kept; a
-    candidate that fails to compile or launch is skipped and counted with the compiler's prunes. Without
-    ``bench``: the heuristic's pick when it fits, else the fitting candidate nearest to it, marked
-    unmeasured (one or two AOT compiles, not the whole space); with ``survey`` the whole search space is
-    also pruned for the target (AOT compiles, memoized), so that the report tells how many candidates the
-    target's shared memory rules out. ValueError when the family does not run on the target.
+    With ``bench`` (the target is the local GPU) every feasible candidate is timed and the fastest kept; where
+    the family has ``split_candidates`` (W4A16 below one token per expert), the SPLIT_LEADERS fastest tiles are
+    timed again with other K split counts. A candidate that fails to compile or launch is skipped and counted
+    with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else the fitting
+    candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space); with ``survey``
+    the whole search space is also pruned for the target (AOT compiles, memoized), so that the report tells
+    how many candidates the target's shared memory rules out. ValueError when the family does not run on the
+    target.
     """
     import triton
 
@@ -504,28 +508,44 @@ def tune(
             raise RuntimeError(
                 f"no {v.title} config of {kernel} fits {target.name} ({target.shared_per_block} B) at m={bucket}"
             )
-        best: tuple[float, GemmConfig, int] | None = None
-        failure = ""
-        for i, (cfg, shared) in enumerate(feasible):
-            t0 = time.perf_counter()
-            try:
-                ms = bench(kernel, cfg, bucket)
-            except Exception as e:  # noqa: BLE001 - a launch failure (resources, compiler) skips the candidate
-                lines = str(e).strip().splitlines()
-                failure = f"{cfg.label}: {type(e).__name__}: {lines[-1] if lines else ''}"
-                report.pruned_by_compiler += 1
-                say(f"{key}: [{i + 1}/{len(feasible)}] {failure[:200]} (skipped)")
-                continue
-            report.bench_seconds += time.perf_counter() - t0
-            report.benchmarked += 1
-            if best is None or ms < best[0]:
-                best = (ms, cfg, shared)
-            say(f"{key}: [{i + 1}/{len(feasible)}] {cfg.label} {ms:.4f} ms (best {best[0]:.4f} ms, {best[1].label})")
-        if best is None:
+        timed: list[tuple[float, GemmConfig, int]] = []
+        failure = _time_candidates(bench, kernel, bucket, feasible, timed, report, say, f"{key}: ")
+        if v.split_candidates is not None:
+            # The fastest few tiles again with other K split counts (same tile: same shared memory).
+            leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
+            splits = [(c, shared) for _, cfg, shared in leaders
+                      for c in v.split_candidates(kernel, cfg, shape, bucket, target.sm_count)]  # fmt: skip
+            failure = _time_candidates(bench, kernel, bucket, splits, timed, report, say, f"{key}: split ") or failure
+        if not timed:
             raise RuntimeError(f"no {v.title} config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
-        ms, cfg, shared = best
+        ms, cfg, shared = min(timed, key=lambda t: t[0])
         results[key] = Entry(cfg, shared, ms, triton.__version__)
     return results, report
+
+
+def _time_candidates(
+    bench: Bench, kernel: str, bucket: Bucket, candidates: list[tuple[GemmConfig, int]],
+    timed: list[tuple[float, GemmConfig, int]], report: TuneReport, say: Callable[[str], None], prefix: str,
+) -> str:  # fmt: skip
+    """Time each (config, shared bytes) into ``timed`` as (ms, config, shared), progress lines starting with
+    ``prefix``; the last failure, or ''."""
+    failure = ""
+    for i, (cfg, shared) in enumerate(candidates):
+        t0 = time.perf_counter()
+        try:
+            ms = bench(kernel, cfg, bucket)
+        except Exception as e:  # noqa: BLE001 - a launch failure (resources, compiler) skips the candidate
+            lines = str(e).strip().splitlines()
+            failure = f"{cfg.label}: {type(e).__name__}: {lines[-1] if lines else ''}"
+            report.pruned_by_compiler += 1
+            say(f"{prefix}[{i + 1}/{len(candidates)}] {failure[:200]} (skipped)")
+            continue
+        report.bench_seconds += time.perf_counter() - t0
+        report.benchmarked += 1
+        timed.append((ms, cfg, shared))
+        best = min(timed, key=lambda t: t[0])
+        say(f"{prefix}[{i + 1}/{len(candidates)}] {cfg.label} {ms:.4f} ms (best {best[0]:.4f} ms, {best[1].label})")
+    return failure
 
 
 def _distance(a: GemmConfig, b: GemmConfig) -> tuple:

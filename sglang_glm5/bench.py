@@ -206,10 +206,10 @@ TUNE_ROUTINGS = 8  # routings per timed graph in the tuner
 
 
 def kernel_bencher(shape: MoeShape, seed: int):
-    """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU, replayed from a
-    CUDA graph (decode runs from graphs) of TUNE_ROUTINGS launches, each on its own routing and copy of
-    the layer. The copies exceed twice the L2 cache, so a small shape is not timed out of L2. The grid
-    (K splits, block programs) is the op's own for that call (``w4a16.plan_gemms``).
+    """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU (gemm2: with the
+    top-k sum after it), replayed from a CUDA graph (decode runs from graphs) of TUNE_ROUTINGS calls, each
+    on its own routing and copy of the layer. The copies exceed twice the L2 cache, so a small shape is not
+    timed out of L2. The grid (K splits, block programs) is the op's own for that call (``w4a16.plan_gemms``).
     """
     import triton.testing
 
@@ -229,7 +229,7 @@ def kernel_bencher(shape: MoeShape, seed: int):
             calls = []
             for _ in range(TUNE_ROUTINGS):
                 if bucket <= REAL_ROUTING_MAX_BUCKET:
-                    tokens = max(1, round(bucket * shape.all_experts / shape.top_k))
+                    tokens = shape.tokens_at(bucket)
                     weights, ids = bench_real.real_routing(tokens, layout, gen, 0.0, shape.all_experts, shape.top_k)
                 else:
                     weights, ids, tokens = balanced_routing(shape, max(int(bucket), shape.top_k), gen)
@@ -241,7 +241,8 @@ def kernel_bencher(shape: MoeShape, seed: int):
 
     def bench(kernel: str, cfg, bucket) -> float:
         launches = []
-        for i, (x, h, weights, ids) in enumerate(routings(bucket)):
+        calls = routings(bucket)
+        for i, (x, h, weights, ids) in enumerate(calls):
             layer = layers[i % len(layers)]
             plan = w4a16.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
                                   shape.hidden, shape.inter, sms)  # fmt: skip
@@ -261,6 +262,10 @@ def kernel_bencher(shape: MoeShape, seed: int):
                     w4a16.launch_gemm2, h, layer.w2, layer.w2_scale, layer.w2_scale_2, weights.reshape(-1), route,
                     out, cfg, False, plan.per_program, launch=plan.gemm2, layout=layer.layout,
                 ))  # fmt: skip
+                # With the top-k sum that adds its output (and its split partials), as in the op: a split
+                # count is judged with the partials' cost.
+                y = torch.empty(ids.shape[0], shape.hidden, dtype=torch.bfloat16, device="cuda")
+                launches.append(partial(routing.sum_over_slots, out, ids, y, shape.num_experts, False))
 
         def run_all():
             for launch in launches:
@@ -271,6 +276,6 @@ def kernel_bencher(shape: MoeShape, seed: int):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run_all()
-        return triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median") / len(launches)
+        return triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median") / len(calls)
 
     return bench

@@ -24,6 +24,11 @@ class MoeShape:
         elements = self.num_experts * 3 * self.hidden * self.inter
         return elements // 2 + elements // 16
 
+    def tokens_at(self, tokens_per_expert: float) -> int:
+        """Tokens per step (at least one) that put ``tokens_per_expert`` slots on an expert on average: the
+        step the tuner times for a bucket (GLM-5 EP8 and TP8: bucket 1/32 is B = 1, bucket 1/2 is B = 16)."""
+        return max(1, round(tokens_per_expert * self.all_experts / self.top_k))
+
     def __str__(self) -> str:
         return f"E={self.num_experts},H={self.hidden},I={self.inter},k={self.top_k}"
 

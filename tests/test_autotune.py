@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import multiprocessing as mp
+from fractions import Fraction
 
 import pytest
 import torch
@@ -252,6 +254,91 @@ def test_tuner_never_benchmarks_an_infeasible_config(monkeypatch):
     assert entries[_key("gemm1", 1)].config == GemmConfig(16, 64, 64, 4, 4)
     assert entries[_key("gemm1", 1)].ms == pytest.approx(1 / 64)
     assert "4 pruned as infeasible" in report.summary()
+
+
+EP8 = MoeShape(num_experts=32, hidden=6144, inter=2048, global_experts=256)  # GLM-5 under 8-way expert parallelism
+TP8 = MoeShape(num_experts=256, hidden=6144, inter=256)
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, bucket, cfg",
+    [
+        (EP8, "gemm1", Fraction(1, 32), GemmConfig(16, 64, 256, 4, 3)),  # B = 1: one expert, 24 K steps
+        (EP8, "gemm1", Fraction(1, 32), GemmConfig(16, 64, 128, 4, 3)),  # 48 K steps: up to 16 splits
+        (EP8, "gemm2", Fraction(1, 16), GemmConfig(16, 64, 256, 4, 3)),  # K = I = 2048: 8 steps
+        (TP8, "gemm1", Fraction(1, 4), GemmConfig(16, 128, 256, 4, 3)),  # B = 8 of TP8: 64 slots
+    ],
+)
+def test_split_candidates_are_other_valid_split_counts_of_the_same_tile(shape, kernel, bucket, cfg):
+    sms = 132
+    planned = w4a16.plan_gemms(tiles.MoeConfig(cfg, cfg), shape.tokens_at(bucket) * shape.top_k, shape.num_experts,
+                               shape.all_experts, shape.hidden, shape.inter, sms)  # fmt: skip
+    launch, k_size = (planned.gemm1, shape.hidden) if kernel == "gemm1" else (planned.gemm2, shape.inter)
+    found = w4a16.split_candidates(kernel, cfg, shape, bucket, sms)
+    assert found, "a decode bucket with K steps to spare has other split counts to try"
+    for c in found:
+        assert dataclasses.replace(c, split_k=0) == cfg and c.split_k != launch.splits
+        # The count is one k_splits gives (whole K steps, none empty), so the op launches it as stored.
+        assert w4a16.k_splits(k_size, cfg.block_k, c.split_k)[0] == c.split_k
+    assert len({c.split_k for c in found}) == len(found)
+    # One program per SM (fewer splits) is among them: what measured faster at GLM-5 B = 8-16 (run 21).
+    assert min(c.split_k for c in found) < launch.splits
+
+
+def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
+    cfg = GemmConfig(16, 64, 256, 4, 3)
+    assert w4a16.split_candidates("gemm1", cfg, EP8, 1, 132) == []  # busy experts: no split at all
+    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, split_k=4), EP8, Fraction(1, 32), 132) == []
+    # TP8's gemm2 (K = I = 256) walks several N tiles per program and does not split.
+    assert w4a16.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
+
+
+def test_tuner_times_the_leading_tiles_with_other_split_counts_and_keeps_a_winning_count(tmp_path):
+    space = [GemmConfig(16, 64, 256, 4, 3), GemmConfig(16, 64, 128, 4, 3), GemmConfig(16, 128, 256, 4, 3),
+             GemmConfig(16, 128, 128, 4, 3)]  # fmt: skip
+    variant = dataclasses.replace(
+        variants.get("w4a16"),
+        search_space=lambda bucket: space,
+        compiled_shared_bytes=lambda jobs, target: [w4a16.model_shared_bytes(k, c, target) for k, c in jobs],
+    )  # the shared bytes from the model: this test is about the timing, not the compiler
+    calls = []
+
+    def cost(cfg):
+        # 128-deep tiles lead, then narrow ones; 16x128x256 is the slowest tile (if it fits sm_120) and gets
+        # no second look. Any fixed split count beats the plan's, the fewest splits most.
+        tile = (1.0 if cfg.block_k == 128 else 2.0) + cfg.block_n / 1e3
+        return tile + (0.01 * cfg.split_k if cfg.split_k else 0.5)
+
+    def fake_bench(kernel, cfg, bucket):
+        calls.append((kernel, cfg))
+        return cost(cfg)
+
+    bucket = Fraction(1, 32)
+    entries, report = autotune.tune(SM120, EP8, [bucket], fake_bench, variant=variant)
+    assert report.benchmarked == len(calls)
+    for kernel in ("gemm1", "gemm2"):
+        timed = [cfg for k, cfg in calls if k == kernel]
+        tiles_first = list(itertools.takewhile(lambda c: not c.split_k, timed))
+        assert len(tiles_first) >= 3 and set(tiles_first) <= set(space), "every fitting tile first, planned split"
+        leaders = sorted(tiles_first, key=cost)[: autotune.SPLIT_LEADERS]
+        retimed = timed[len(tiles_first) :]
+        assert retimed and all(c.split_k for c in retimed)
+        assert {dataclasses.replace(c, split_k=0) for c in retimed} == set(leaders)
+        for tile in leaders:
+            want = w4a16.split_candidates(kernel, tile, EP8, bucket, SM120.sm_count)
+            assert [c for c in retimed if dataclasses.replace(c, split_k=0) == tile] == want
+        best = entries[_key_of(kernel, EP8, bucket)].config
+        fewest = min(c.split_k for c in retimed if dataclasses.replace(c, split_k=0) == space[1])
+        assert best == dataclasses.replace(space[1], split_k=fewest)
+    # A stored split count is what the op reads back.
+    path = tmp_path / "tuned.json"
+    autotune.store(path, SM120, entries)
+    cfg = ConfigCache(SM120, [path]).lookup(EP8, 1 / 32)
+    assert cfg.gemm1.split_k and cfg.gemm1 == entries[_key_of("gemm1", EP8, bucket)].config
+
+
+def _key_of(kernel: str, shape: MoeShape, bucket) -> str:
+    return cache_key(SM120, kernel, gemm_shape(kernel, shape), bucket, measured=True)
 
 
 def test_offline_tune_stores_feasible_unmeasured_picks():
