@@ -52,13 +52,14 @@ if [[ $STEPS == *bench* ]]; then
     --name "${BENCH_NAME:-h200_moe_bench}" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
-  # The same benches (the same routings: BENCH_SEED), our op only, on an earlier revision laid out in .base/ (git archive of
+  # The same benches (the same routings: BENCH_SEED; BASE_ARGS: more bench_real arguments, e.g. --batch 5,9), our op
+  # only, on an earlier revision laid out in .base/ (git archive of
   # sglang_glm5 kernels patches loadtest configs, moved as they install), with its own empty cache; a revision older
   # than bench_real.py gets this one's.
   BASE=/tmp/pkg_base; rm -rf "$BASE"; cp -r "$REPO/.base" "$BASE"; [ -f "$BASE/sglang_glm5/bench_real.py" ] || cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
   # -P: the current directory ($PKG, which holds this revision's sglang_glm5/) stays off sys.path.
   SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.bench_real --no-baselines \
-    --skew ${BASE_SKEW:-0} --seed "${BENCH_SEED:-1}" --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
+    --skew ${BASE_SKEW:-0} --seed "${BENCH_SEED:-1}" ${BASE_ARGS:-} --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
   SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.cli bench --routing balanced \
     --no-baselines --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
 fi

@@ -26,6 +26,7 @@ Tuning happens offline (``sglang-glm5 tune``), never inside a request.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import sys
@@ -290,6 +291,10 @@ class ConfigCache:
                 except ValueError as e:
                     report_once(f"autotune cache: skipping {key!r}: {e}")
                     continue
+                if b != bucket and entry.config.split_k:
+                    # A fixed K split count was timed for its own bucket's step: another bucket borrows the
+                    # tile and leaves the split to the call's plan.
+                    return dataclasses.replace(entry, config=dataclasses.replace(entry.config, split_k=0))
                 return entry
         return None
 
@@ -356,6 +361,7 @@ class TuneReport:
     pruned_by_model: int = 0
     pruned_by_compiler: int = 0
     benchmarked: int = 0
+    split_trials: int = 0  # of the benchmarked: leading tiles timed again with fixed K split counts
     bench_seconds: float = 0.0
     verdicts: dict[str, dict[GemmConfig, int | str]] = field(default_factory=dict)
 
@@ -364,7 +370,8 @@ class TuneReport:
 
     def add(self, other: TuneReport) -> None:
         """Add another report's counts and verdicts to this one."""
-        for name in ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "bench_seconds"):
+        counts = ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "split_trials", "bench_seconds")
+        for name in counts:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for kernel, verdicts in other.verdicts.items():
             self.verdicts_for(kernel).update(verdicts)
@@ -395,9 +402,10 @@ class TuneReport:
     def summary(self) -> str:
         per = self.bench_seconds / self.benchmarked if self.benchmarked else 0.0
         saved = f", about {self.pruned * per:.0f} s of benchmarking saved" if self.benchmarked else ""
+        splits = f" ({self.split_trials} of them leading tiles with fixed K split counts)" if self.split_trials else ""
         return (
             f"{self.candidates} candidates, {self.pruned} pruned as infeasible ({self.pruned_by_model} by the model, "
-            f"{self.pruned_by_compiler} by the compiler), {self.benchmarked} benchmarked{saved}"
+            f"{self.pruned_by_compiler} by the compiler), {self.benchmarked} benchmarked{splits}{saved}"
         )
 
 
@@ -515,7 +523,9 @@ def tune(
             leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
             splits = [(c, shared) for _, cfg, shared in leaders
                       for c in v.split_candidates(kernel, cfg, shape, bucket, target.sm_count)]  # fmt: skip
+            before = report.benchmarked
             failure = _time_candidates(bench, kernel, bucket, splits, timed, report, say, f"{key}: split ") or failure
+            report.split_trials += report.benchmarked - before
         if not timed:
             raise RuntimeError(f"no {v.title} config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
         ms, cfg, shared = min(timed, key=lambda t: t[0])

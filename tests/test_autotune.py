@@ -330,11 +330,17 @@ def test_tuner_times_the_leading_tiles_with_other_split_counts_and_keeps_a_winni
         best = entries[_key_of(kernel, EP8, bucket)].config
         fewest = min(c.split_k for c in retimed if dataclasses.replace(c, split_k=0) == space[1])
         assert best == dataclasses.replace(space[1], split_k=fewest)
-    # A stored split count is what the op reads back.
+    assert report.split_trials == sum(1 for _, c in calls if c.split_k) > 0
+    assert f"({report.split_trials} of them leading tiles with fixed K split counts)" in report.summary()
+    # A stored split count is what the op reads back at its bucket; a bucket that borrows the entry (none of
+    # its own) gets the tile with the split left to the call's plan.
     path = tmp_path / "tuned.json"
     autotune.store(path, SM120, entries)
-    cfg = ConfigCache(SM120, [path]).lookup(EP8, 1 / 32)
+    cache = ConfigCache(SM120, [path])
+    cfg = cache.lookup(EP8, 1 / 32)
     assert cfg.gemm1.split_k and cfg.gemm1 == entries[_key_of("gemm1", EP8, bucket)].config
+    borrowed = cache.lookup(EP8, 1 / 16)
+    assert borrowed.gemm1 == dataclasses.replace(cfg.gemm1, split_k=0)
 
 
 def _key_of(kernel: str, shape: MoeShape, bucket) -> str:
