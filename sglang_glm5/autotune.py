@@ -46,7 +46,7 @@ from sglang_glm5.variants import KernelVariant
 
 log = logging.getLogger("sglang_glm5.autotune")
 MAX_BUCKET = 4096
-# Tiles per (kernel, bucket) the tuner times again with other K split counts (``KernelVariant.split_candidates``).
+# Tiles per (kernel, bucket) the tuner times again with other K split plans (``KernelVariant.split_candidates``).
 SPLIT_LEADERS = 3
 
 
@@ -291,10 +291,11 @@ class ConfigCache:
                 except ValueError as e:
                     report_once(f"autotune cache: skipping {key!r}: {e}")
                     continue
-                if b != bucket and entry.config.split_k:
-                    # A fixed K split count was timed for its own bucket's step: another bucket borrows the
-                    # tile and leaves the split to the call's plan.
-                    return dataclasses.replace(entry, config=dataclasses.replace(entry.config, split_k=0))
+                if b != bucket and (entry.config.split_k or entry.config.programs_per_sm):
+                    # A split choice was timed at its own bucket's step (and measured not to carry over to other
+                    # steps: bench/README.md, run 22): another bucket borrows the tile, the split is the plan's.
+                    plain = dataclasses.replace(entry.config, split_k=0, programs_per_sm=0)
+                    return dataclasses.replace(entry, config=plain)
                 return entry
         return None
 
@@ -361,7 +362,7 @@ class TuneReport:
     pruned_by_model: int = 0
     pruned_by_compiler: int = 0
     benchmarked: int = 0
-    split_trials: int = 0  # of the benchmarked: leading tiles timed again with fixed K split counts
+    split_trials: int = 0  # of the benchmarked: leading tiles timed again with other split plans
     bench_seconds: float = 0.0
     verdicts: dict[str, dict[GemmConfig, int | str]] = field(default_factory=dict)
 
@@ -402,7 +403,7 @@ class TuneReport:
     def summary(self) -> str:
         per = self.bench_seconds / self.benchmarked if self.benchmarked else 0.0
         saved = f", about {self.pruned * per:.0f} s of benchmarking saved" if self.benchmarked else ""
-        splits = f" ({self.split_trials} of them leading tiles with fixed K split counts)" if self.split_trials else ""
+        splits = f" ({self.split_trials} of them leading tiles with other split plans)" if self.split_trials else ""
         return (
             f"{self.candidates} candidates, {self.pruned} pruned as infeasible ({self.pruned_by_model} by the model, "
             f"{self.pruned_by_compiler} by the compiler), {self.benchmarked} benchmarked{splits}{saved}"
@@ -479,12 +480,12 @@ def tune(
 
     With ``bench`` (the target is the local GPU) every feasible candidate is timed and the fastest kept; where
     the family has ``split_candidates`` (W4A16 below one token per expert), the SPLIT_LEADERS fastest tiles are
-    timed again with other K split counts. A candidate that fails to compile or launch is skipped and counted
-    with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else the fitting
-    candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space); with ``survey``
-    the whole search space is also pruned for the target (AOT compiles, memoized), so that the report tells
-    how many candidates the target's shared memory rules out. ValueError when the family does not run on the
-    target.
+    timed again with other targets for their K split plan. A candidate that fails to compile or launch is
+    skipped and counted with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else
+    the fitting candidate nearest to it, marked unmeasured (one or two AOT compiles, not the whole space); with
+    ``survey`` the whole search space is also pruned for the target (AOT compiles, memoized), so that the report
+    tells how many candidates the target's shared memory rules out. ValueError when the family does not run on
+    the target.
     """
     import triton
 
@@ -519,7 +520,7 @@ def tune(
         timed: list[tuple[float, GemmConfig, int]] = []
         failure = _time_candidates(bench, kernel, bucket, feasible, timed, report, say, f"{key}: ")
         if v.split_candidates is not None:
-            # The fastest few tiles again with other K split counts (same tile: same shared memory).
+            # The fastest few tiles again with other split plans (same tile: same shared memory).
             leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
             splits = [(c, shared) for _, cfg, shared in leaders
                       for c in v.split_candidates(kernel, cfg, shape, bucket, target.sm_count)]  # fmt: skip

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 # K splits a GEMM may use at decode (the last program of a gemm1 tile adds them, unrolled).
 MAX_SPLITS = 32
+# The most programs per SM a config's split plan may aim for.
+MAX_PROGRAMS_PER_SM = 8
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 2
     split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (variants.w4a16), else this many
+    programs_per_sm: int = 0  # with split_k 0: what the call's split plan aims for; 0 = the family's default
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -39,10 +42,17 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.num_stages must be in 1..8, got {self.num_stages}")
         if not 0 <= self.split_k <= MAX_SPLITS:
             raise ValueError(f"GemmConfig.split_k must be in 0..{MAX_SPLITS} (0 = chosen per call), got {self.split_k}")
+        if not 0 <= self.programs_per_sm <= MAX_PROGRAMS_PER_SM:
+            raise ValueError(
+                f"GemmConfig.programs_per_sm must be in 0..{MAX_PROGRAMS_PER_SM} (0 = the default), "
+                f"got {self.programs_per_sm}"
+            )
+        if self.split_k and self.programs_per_sm:
+            raise ValueError(f"GemmConfig: a fixed split_k ({self.split_k}) leaves no plan for programs_per_sm to aim")
 
     @property
     def label(self) -> str:
-        split = f"-k{self.split_k}" if self.split_k else ""
+        split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
         return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}"
 
     def as_dict(self) -> dict[str, int]:
@@ -55,6 +65,8 @@ class GemmConfig:
         }
         if self.split_k:
             d["split_k"] = self.split_k
+        if self.programs_per_sm:
+            d["programs_per_sm"] = self.programs_per_sm
         return d
 
 

@@ -260,40 +260,55 @@ EP8 = MoeShape(num_experts=32, hidden=6144, inter=2048, global_experts=256)  # G
 TP8 = MoeShape(num_experts=256, hidden=6144, inter=256)
 
 
+def _splits(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket, sms: int = 132) -> int:
+    """The K splits the op's plan gives ``cfg`` at the step the tuner times for ``bucket``."""
+    plan = w4a16.plan_gemms(tiles.MoeConfig(cfg, cfg), shape.tokens_at(bucket) * shape.top_k, shape.num_experts,
+                            shape.all_experts, shape.hidden, shape.inter, sms)  # fmt: skip
+    return (plan.gemm1 if kernel == "gemm1" else plan.gemm2).splits
+
+
 @pytest.mark.parametrize(
     "shape, kernel, bucket, cfg",
     [
         (EP8, "gemm1", Fraction(1, 32), GemmConfig(16, 64, 256, 4, 3)),  # B = 1: one expert, 24 K steps
         (EP8, "gemm1", Fraction(1, 32), GemmConfig(16, 64, 128, 4, 3)),  # 48 K steps: up to 16 splits
-        (EP8, "gemm2", Fraction(1, 16), GemmConfig(16, 64, 256, 4, 3)),  # K = I = 2048: 8 steps
+        (EP8, "gemm2", Fraction(1, 32), GemmConfig(16, 64, 256, 4, 3)),  # K = I = 2048: 8 steps
         (TP8, "gemm1", Fraction(1, 4), GemmConfig(16, 128, 256, 4, 3)),  # B = 8 of TP8: 64 slots
     ],
 )
-def test_split_candidates_are_other_valid_split_counts_of_the_same_tile(shape, kernel, bucket, cfg):
-    sms = 132
-    planned = w4a16.plan_gemms(tiles.MoeConfig(cfg, cfg), shape.tokens_at(bucket) * shape.top_k, shape.num_experts,
-                               shape.all_experts, shape.hidden, shape.inter, sms)  # fmt: skip
-    launch, k_size = (planned.gemm1, shape.hidden) if kernel == "gemm1" else (planned.gemm2, shape.inter)
-    found = w4a16.split_candidates(kernel, cfg, shape, bucket, sms)
-    assert found, "a decode bucket with K steps to spare has other split counts to try"
+def test_split_candidates_aim_the_same_tiles_split_elsewhere(shape, kernel, bucket, cfg):
+    found = w4a16.split_candidates(kernel, cfg, shape, bucket, 132)
+    assert found, "a decode bucket with K steps to spare has other split plans to try"
+    counts = [_splits(kernel, c, shape, bucket) for c in found]
     for c in found:
-        assert dataclasses.replace(c, split_k=0) == cfg and c.split_k != launch.splits
-        # The count is one k_splits gives (whole K steps, none empty), so the op launches it as stored.
-        assert w4a16.k_splits(k_size, cfg.block_k, c.split_k)[0] == c.split_k
-    assert len({c.split_k for c in found}) == len(found)
-    # One program per SM (fewer splits) is among them: what measured faster at GLM-5 B = 8-16 (run 21).
-    assert min(c.split_k for c in found) < launch.splits
+        assert dataclasses.replace(c, programs_per_sm=0) == cfg and c.programs_per_sm in w4a16.SPLIT_TRIALS
+        assert not c.split_k, "a target for the call's plan, not a count fixed for every step of the bucket"
+    planned = _splits(kernel, cfg, shape, bucket)
+    assert planned not in counts and len(set(counts)) == len(counts), "each candidate launches another split"
+    assert min(counts) < planned, "one program per SM (fewer splits) is among them: faster at GLM-5 B = 16 (run 22)"
+    # The split follows the step: at B = 1 (1/32) a target of 1 still splits K; nearer busy it does not.
+    if bucket == Fraction(1, 32):
+        assert min(counts) > 1
 
 
 def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
     cfg = GemmConfig(16, 64, 256, 4, 3)
     assert w4a16.split_candidates("gemm1", cfg, EP8, 1, 132) == []  # busy experts: no split at all
     assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, split_k=4), EP8, Fraction(1, 32), 132) == []
+    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, programs_per_sm=1), EP8, Fraction(1, 32), 132) == []
     # TP8's gemm2 (K = I = 256) walks several N tiles per program and does not split.
     assert w4a16.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
 
 
-def test_tuner_times_the_leading_tiles_with_other_split_counts_and_keeps_a_winning_count(tmp_path):
+def test_a_split_target_and_a_fixed_split_count_exclude_each_other():
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        GemmConfig(16, 64, 256, 4, 3, split_k=2, programs_per_sm=1)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        GemmConfig(16, 64, 256, 4, 3, programs_per_sm=99)
+    assert GemmConfig(16, 64, 256, 4, 3, programs_per_sm=1).label == "16x64x256-w4-s3-p1"
+
+
+def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winning_one(tmp_path):
     space = [GemmConfig(16, 64, 256, 4, 3), GemmConfig(16, 64, 128, 4, 3), GemmConfig(16, 128, 256, 4, 3),
              GemmConfig(16, 128, 128, 4, 3)]  # fmt: skip
     variant = dataclasses.replace(
@@ -305,9 +320,9 @@ def test_tuner_times_the_leading_tiles_with_other_split_counts_and_keeps_a_winni
 
     def cost(cfg):
         # 128-deep tiles lead, then narrow ones; 16x128x256 is the slowest tile (if it fits sm_120) and gets
-        # no second look. Any fixed split count beats the plan's, the fewest splits most.
+        # no second look. Any other split plan beats the default, one program per SM most.
         tile = (1.0 if cfg.block_k == 128 else 2.0) + cfg.block_n / 1e3
-        return tile + (0.01 * cfg.split_k if cfg.split_k else 0.5)
+        return tile + (0.01 * cfg.programs_per_sm if cfg.programs_per_sm else 0.5)
 
     def fake_bench(kernel, cfg, bucket):
         calls.append((kernel, cfg))
@@ -318,29 +333,38 @@ def test_tuner_times_the_leading_tiles_with_other_split_counts_and_keeps_a_winni
     assert report.benchmarked == len(calls)
     for kernel in ("gemm1", "gemm2"):
         timed = [cfg for k, cfg in calls if k == kernel]
-        tiles_first = list(itertools.takewhile(lambda c: not c.split_k, timed))
-        assert len(tiles_first) >= 3 and set(tiles_first) <= set(space), "every fitting tile first, planned split"
+        tiles_first = list(itertools.takewhile(lambda c: not c.programs_per_sm, timed))
+        assert len(tiles_first) >= 3 and set(tiles_first) <= set(space), "every fitting tile first, default plan"
         leaders = sorted(tiles_first, key=cost)[: autotune.SPLIT_LEADERS]
         retimed = timed[len(tiles_first) :]
-        assert retimed and all(c.split_k for c in retimed)
-        assert {dataclasses.replace(c, split_k=0) for c in retimed} == set(leaders)
+        assert retimed and all(c.programs_per_sm for c in retimed)
+        assert {dataclasses.replace(c, programs_per_sm=0) for c in retimed} == set(leaders)
         for tile in leaders:
             want = w4a16.split_candidates(kernel, tile, EP8, bucket, SM120.sm_count)
-            assert [c for c in retimed if dataclasses.replace(c, split_k=0) == tile] == want
+            assert [c for c in retimed if dataclasses.replace(c, programs_per_sm=0) == tile] == want
         best = entries[_key_of(kernel, EP8, bucket)].config
-        fewest = min(c.split_k for c in retimed if dataclasses.replace(c, split_k=0) == space[1])
-        assert best == dataclasses.replace(space[1], split_k=fewest)
-    assert report.split_trials == sum(1 for _, c in calls if c.split_k) > 0
-    assert f"({report.split_trials} of them leading tiles with fixed K split counts)" in report.summary()
-    # A stored split count is what the op reads back at its bucket; a bucket that borrows the entry (none of
-    # its own) gets the tile with the split left to the call's plan.
+        assert best == dataclasses.replace(space[1], programs_per_sm=1)
+    assert report.split_trials == sum(1 for _, c in calls if c.programs_per_sm) > 0
+    assert f"({report.split_trials} of them leading tiles with other split plans)" in report.summary()
+    # A stored split plan is what the op reads back at its bucket; a bucket that borrows the entry (none of its
+    # own) gets the tile with the default plan.
     path = tmp_path / "tuned.json"
     autotune.store(path, SM120, entries)
     cache = ConfigCache(SM120, [path])
     cfg = cache.lookup(EP8, 1 / 32)
-    assert cfg.gemm1.split_k and cfg.gemm1 == entries[_key_of("gemm1", EP8, bucket)].config
-    borrowed = cache.lookup(EP8, 1 / 16)
-    assert borrowed.gemm1 == dataclasses.replace(cfg.gemm1, split_k=0)
+    assert cfg.gemm1.programs_per_sm == 1 and cfg.gemm1 == entries[_key_of("gemm1", EP8, bucket)].config
+    assert cache.lookup(EP8, 1 / 16).gemm1 == dataclasses.replace(cfg.gemm1, programs_per_sm=0)
+
+
+def test_a_borrowed_entry_leaves_a_fixed_split_count_behind(tmp_path):
+    path = tmp_path / "c.json"
+    fixed = GemmConfig(16, 64, 256, 4, 3, split_k=5)
+    h200 = TARGETS["h200"]
+    key = cache_key(h200, "gemm1", gemm_shape("gemm1", EP8), Fraction(1, 32), measured=True)
+    autotune.store(path, h200, {key: _entry(fixed)})
+    cache = ConfigCache(h200, [path])
+    assert cache.lookup(EP8, 1 / 32).gemm1 == fixed
+    assert cache.lookup(EP8, 1 / 8).gemm1 == dataclasses.replace(fixed, split_k=0)
 
 
 def _key_of(kernel: str, shape: MoeShape, bucket) -> str:

@@ -50,7 +50,7 @@ class KernelVariant:
     shared_floor: Callable[[str, GemmConfig], int] | None = None  # lower bound: above it the compiler decides
     compiled_shared_bytes: Callable[[list[tuple[str, GemmConfig]], GpuTarget], list[int | str]] | None = None
     check_config: Callable[[GemmConfig], None] = lambda cfg: None  # ValueError when the kernels cannot run it
-    # (kernel, cfg, shape, bucket, SMs) -> the same tile with fixed K split counts, for the tuner to time too
+    # (kernel, cfg, shape, bucket, SMs) -> the same tile with other K split plans, for the tuner to time too
     split_candidates: Callable[[str, GemmConfig, MoeShape, Bucket, int], list[GemmConfig]] | None = None
     kernel_bencher: str = ""  # "module:function" (shape, seed) -> autotune.Bench, on the local GPU
     after_tune: str = ""  # "module:function" run by `tune` after the tiles are stored (W4A4: its threshold)

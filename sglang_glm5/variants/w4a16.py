@@ -239,9 +239,9 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
-# Programs per SM the tuner also tries below one token per expert, as fixed split counts (``split_candidates``):
-# 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached tiles (bench/README.md, run 21), and 4 lets a
-# tile of half the registers (block_k 128) keep twice the warps per SM in flight.
+# Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
+# config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
+# tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
 SPLIT_TRIALS = (1, 4)
 # The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
@@ -278,16 +278,17 @@ class Launch:
 
 def plan_launch(
     k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
-    split: bool = True, programs_per_sm: int = PROGRAMS_PER_SM,
+    split: bool = True,
 ) -> Launch:  # fmt: skip
     """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
-    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``programs_per_sm``.
+    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``cfg.programs_per_sm``
+    (PROGRAMS_PER_SM when 0) per SM.
 
     Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
     routing costs a second pass of a few programs rather than a launch sized for the worst case.
     """
     work = max(1.0, blocks_expected) * n_programs
-    want = (cfg.split_k or math.ceil(programs_per_sm * sms / work)) if split else 1
+    want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
     programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
     return Launch(programs, *k_splits(k_size, cfg.block_k, want))
 
@@ -300,17 +301,9 @@ class GemmPlan(NamedTuple):
 
 
 def plan_gemms(
-    cfg: MoeConfig,
-    num_pairs: int,
-    num_experts: int,
-    num_global_experts: int,
-    hidden: int,
-    inter: int,
-    sms: int,
-    programs_per_sm: int = PROGRAMS_PER_SM,
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
 ) -> GemmPlan:
-    """The grids of both GEMMs of one call, from sizes known on the host (no sync). ``programs_per_sm``: what
-    the K splits aim for where a config leaves them to the call."""
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
 
     def blocks(gemm: GemmConfig) -> tuple[int, float]:
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
@@ -318,38 +311,44 @@ def plan_gemms(
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, programs_per_sm=programs_per_sm)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
-                          programs_per_sm=programs_per_sm)  # fmt: skip
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1)
     counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
 def split_candidates(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int) -> list[GemmConfig]:
-    """``cfg`` with fixed K split counts (``GemmConfig.split_k``) for the tuner to time beside the per-call plan,
-    below one token per expert: the counts that aim at SPLIT_TRIALS programs per SM for the bucket's step
-    (``MoeShape.tokens_at``), where they differ from the plan's. Empty when ``cfg`` fixes its count already, at
-    busy buckets, and for a gemm2 that walks several N tiles per program (it does not split)."""
-    if bucket >= 1 or cfg.split_k:
+    """``cfg`` with other targets for its K split plan (``GemmConfig.programs_per_sm``: SPLIT_TRIALS), for the
+    tuner to time beside the default plan below one token per expert: those that give the bucket's step
+    (``MoeShape.tokens_at``) another split count than the default does. A target, not a fixed count, so that
+    every step of the bucket gets the split its own blocks call for. Empty when ``cfg`` fixes its split or
+    target already, at busy buckets, and for a gemm2 that walks several N tiles per program (it does not split).
+    """
+    if bucket >= 1 or cfg.split_k or cfg.programs_per_sm:
         return []
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
-    def launch(programs_per_sm: int) -> Launch | None:
-        plan = plan_gemms(MoeConfig(cfg, cfg), num_pairs, shape.num_experts, shape.all_experts, shape.hidden,
-                          shape.inter, sms, programs_per_sm)  # fmt: skip
+    def splits(c: GemmConfig) -> int | None:
+        plan = plan_gemms(MoeConfig(c, c), num_pairs, shape.num_experts, shape.all_experts, shape.hidden,
+                          shape.inter, sms)  # fmt: skip
         if kernel == "gemm1":
-            return plan.gemm1
-        return plan.gemm2 if plan.per_program == 1 else None
+            return plan.gemm1.splits
+        return plan.gemm2.splits if plan.per_program == 1 else None
 
-    planned = launch(PROGRAMS_PER_SM)
-    if planned is None:
+    seen = {splits(cfg)}
+    if None in seen:
         return []
-    counts = {trial.splits for trial in map(launch, SPLIT_TRIALS) if trial is not None} - {planned.splits}
-    return [dataclasses.replace(cfg, split_k=n) for n in sorted(counts)]
+    out = []
+    for target in SPLIT_TRIALS:
+        trial = dataclasses.replace(cfg, programs_per_sm=target)
+        if (n := splits(trial)) not in seen:
+            seen.add(n)
+            out.append(trial)
+    return out
 
 
 def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
