@@ -1,6 +1,7 @@
 """The tile-config cache and the tuner.
 
-Cache key: owner, kernel, GEMM shape (E, N, K), bucket of tokens per expert (a power of two). Value:
+Cache key: owner, kernel, GEMM shape (E, N, K), bucket of tokens per expert (a power of two, or at most one
+half a decode step, a multiple of 1/32, where one was tuned: ``step_of``). Value:
 the config, its shared memory on the target, its measured time in ms (or ``measured: false`` when
 chosen offline), the Triton version.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -75,6 +77,18 @@ def bucket_of(tokens_per_expert: float) -> Bucket:
     return b
 
 
+def step_of(tokens_per_expert: float) -> Fraction | None:
+    """The decode step of a call with at most half a token per expert: tokens per expert rounded up to a multiple of
+    MIN_BUCKET (GLM-5 under EP8 or TP8: B / 32, each B = 1 .. 16 tokens per step its own); None above one half.
+    A step has its own cache entries only where ``tune`` was asked for it (``--batch-sizes 3/32``): the split that
+    pays depends on the step's own blocks, and one tuned at an octave bucket's top step lost lower in the bucket
+    (bench/README.md, run 22). Without one, a lookup reads the octave bucket (``bucket_of``)."""
+    if tokens_per_expert > Fraction(1, 2):
+        return None
+    steps = max(1, math.ceil(Fraction(tokens_per_expert) / MIN_BUCKET))
+    return steps * MIN_BUCKET
+
+
 def parse_bucket(text: str) -> Bucket:
     """'16' -> 16, '1/32' -> Fraction(1, 32): the ``m=`` field of a cache key, or a --batch-sizes value."""
     value = Fraction(text.strip())
@@ -84,9 +98,9 @@ def parse_bucket(text: str) -> Bucket:
 
 
 def tune_buckets(tokens_per_expert: Iterable[float]) -> list[Bucket]:
-    """The buckets to tune for these tokens per expert: ``bucket_of`` each, deduplicated, ascending.
-    Lookups read bucket keys only, so an entry stored under m=100 would never be read."""
-    return sorted({bucket_of(m) for m in tokens_per_expert})
+    """The buckets to tune for these tokens per expert: ``step_of`` each at most one half, else ``bucket_of``;
+    deduplicated, ascending. Lookups read those keys only, so an entry stored under m=100 would never be read."""
+    return sorted({step_of(m) or bucket_of(m) for m in tokens_per_expert})
 
 
 def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
@@ -258,17 +272,21 @@ class ConfigCache:
         self._memo: dict[tuple, MoeConfig] = {}
 
     def lookup(self, shape: MoeShape, tokens_per_expert: float, path: str = "w4a16") -> MoeConfig:
-        """The tiles of a kernel family (``variants.get(path)``) for a call: the bucket's entry per GEMM;
-        else the entry of the nearest tuned bucket at most ``NEAREST_OCTAVES`` powers of two away (ties go
-        to the larger); else the family's heuristic. An entry the family's kernels cannot run
-        (``check_config``) is reported once and passed over."""
-        bucket = bucket_of(tokens_per_expert)
-        memo_key = (path, shape.num_experts, shape.hidden, shape.inter, bucket)
+        """The tiles of a kernel family (``variants.get(path)``) for a call: per GEMM the entry of the call's
+        decode step (``step_of``) where one was tuned; else the bucket's entry; else the entry of the nearest
+        tuned bucket at most ``NEAREST_OCTAVES`` powers of two away (ties go to the larger); else the family's
+        heuristic. An entry the family's kernels cannot run (``check_config``) is reported once and passed over."""
+        bucket, step = bucket_of(tokens_per_expert), step_of(tokens_per_expert)
+        memo_key = (path, shape.num_experts, shape.hidden, shape.inter, bucket, step)
         cfg = self._memo.get(memo_key)
         if cfg is None:
             variant = variants.get(path)
             fallback = variant.heuristic(tokens_per_expert)
-            found = [self._nearest(variant, k, gemm_shape(k, shape), bucket) for k in variant.kernels]
+            found = [
+                (self._exact(variant, k, gemm_shape(k, shape), step) if step not in (None, bucket) else None)
+                or self._nearest(variant, k, gemm_shape(k, shape), bucket)
+                for k in variant.kernels
+            ]
             cfg = MoeConfig(
                 gemm1=found[0].config if found[0] else fallback.gemm1,
                 gemm2=found[1].config if found[1] else fallback.gemm2,
@@ -281,22 +299,30 @@ class ConfigCache:
         for step in range(1, NEAREST_OCTAVES + 1):
             near += [bucket * 2**step] + ([Fraction(bucket, 2**step)] if bucket / 2**step >= MIN_BUCKET else [])
         for b in (int(b) if b >= 1 else b for b in near):
-            for measured in (True, False):
-                key = cache_key(self.target, kernel, enk, b, measured=measured, variant=variant)
-                entry = self.entries.get(key)
-                if entry is None:
-                    continue
-                try:
-                    variant.check_config(entry.config)
-                except ValueError as e:
-                    report_once(f"autotune cache: skipping {key!r}: {e}")
-                    continue
-                if b != bucket and (entry.config.split_k or entry.config.programs_per_sm):
-                    # A split choice was timed at its own bucket's step (and measured not to carry over to other
-                    # steps: bench/README.md, run 22): another bucket borrows the tile, the split is the plan's.
-                    plain = dataclasses.replace(entry.config, split_k=0, programs_per_sm=0)
-                    return dataclasses.replace(entry, config=plain)
-                return entry
+            entry = self._exact(variant, kernel, enk, b)
+            if entry is None:
+                continue
+            if b != bucket and (entry.config.split_k or entry.config.programs_per_sm):
+                # A split choice was timed at its own bucket's step (and measured not to carry over to other
+                # steps: bench/README.md, run 22): another bucket borrows the tile, the split is the plan's.
+                plain = dataclasses.replace(entry.config, split_k=0, programs_per_sm=0)
+                return dataclasses.replace(entry, config=plain)
+            return entry
+        return None
+
+    def _exact(self, variant: KernelVariant, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
+        """The entry stored under this very bucket (measured first) that the family's kernels can run."""
+        for measured in (True, False):
+            key = cache_key(self.target, kernel, enk, bucket, measured=measured, variant=variant)
+            entry = self.entries.get(key)
+            if entry is None:
+                continue
+            try:
+                variant.check_config(entry.config)
+            except ValueError as e:
+                report_once(f"autotune cache: skipping {key!r}: {e}")
+                continue
+            return entry
         return None
 
 

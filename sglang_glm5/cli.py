@@ -153,7 +153,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     variant = variants.get(args.path)
     if not variant.kernels:
         raise ValueError(f"--path {args.path}: {variant.title} has no tiles to tune")
-    if args.batch_sizes:  # entries are stored and read under power-of-two buckets only
+    if args.batch_sizes:  # entries are stored and read under power-of-two buckets and decode steps only
         asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
         if asked != args.batch_sizes:
             print(f"tune: --batch-sizes {','.join(map(str, asked))} -> buckets {','.join(map(str, args.batch_sizes))}")
@@ -277,9 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
     p.add_argument(
         "--batch-sizes", type=bucket_list, default=None,
-        help="tokens per expert to tune for (each rounded up to a power of two, from 1/32 to 4096, duplicates "
-        "dropped: lookups read those buckets only; fractions for decode under expert parallelism, 1/32 = one "
-        "GLM-5 token per step; default 1/32,1/16,...,2048; with --path w4a4: 16,32,...,2048)",
+        help="tokens per expert to tune for (each rounded up to a power of two, from 1/32 to 4096, or at most "
+        "1/2 to a multiple of 1/32, duplicates dropped: lookups read those buckets only; fractions for decode "
+        "under expert parallelism, 1/32 = one GLM-5 token per step, 3/32 = three, which a lookup at that step reads "
+        "before its power-of-two bucket; default 1/32,1/16,...,2048; with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
     p.add_argument(

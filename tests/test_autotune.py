@@ -63,6 +63,31 @@ def test_decode_buckets_go_below_one_token_per_expert():
             autotune.parse_bucket(bad)
 
 
+def test_a_tuned_decode_step_is_read_at_that_step_only_and_the_octave_bucket_serves_the_rest(tmp_path):
+    # GLM-5 B = 3 (EP8 or TP8) is 3/32 tokens per expert: its own step, inside the octave bucket 1/8 (B = 3, 4).
+    steps = (1, 2, 3, 4, 9, 16)
+    assert [autotune.step_of(b * 8 / 256) for b in steps] == [Fraction(b, 32) for b in steps]
+    assert autotune.step_of(17 * 8 / 256) is None and autotune.step_of(1e-4) == autotune.MIN_BUCKET
+    assert autotune.step_of(2.5 / 32) == Fraction(3, 32)  # rounded up, as buckets are
+    assert autotune.tune_buckets([3 / 32, 0.07, 0.5, 9 / 32, 3]) == [
+        Fraction(3, 32), Fraction(9, 32), Fraction(1, 2), 4,
+    ]  # fmt: skip
+    path = tmp_path / "c.json"
+    octave, step = GemmConfig(16, 64, 256, 4, 3), GemmConfig(16, 64, 128, 4, 3, programs_per_sm=1)
+    shape = MoeShape(num_experts=32, hidden=64, inter=32, top_k=8, global_experts=256)
+    key = lambda b: cache_key(SM120, "gemm1", gemm_shape("gemm1", shape), b, measured=True)  # noqa: E731
+    autotune.store(path, SM120, {key(Fraction(1, 8)): _entry(octave), key(Fraction(3, 32)): _entry(step)})
+    cache = ConfigCache(SM120, [path])
+    assert cache.lookup(shape, 3 / 32).gemm1 == step  # the step's own entry, its split plan kept
+    assert cache.lookup(shape, 2.5 / 32).gemm1 == step
+    assert cache.lookup(shape, 4 / 32).gemm1 == octave  # B = 4: its bucket 1/8, not the neighbouring step
+    assert cache.lookup(shape, 2 / 32).gemm1 == octave  # 1/16 untuned: borrows 1/8 (one octave), as before
+    # Without a step entry a lookup is what it was before steps existed: the octave bucket's entry.
+    octave_only = tmp_path / "octave.json"
+    autotune.store(octave_only, SM120, {key(Fraction(1, 8)): _entry(octave)})
+    assert ConfigCache(SM120, [octave_only]).lookup(shape, 3 / 32).gemm1 == octave
+
+
 def test_decode_lookups_borrow_only_decode_buckets_nearby(tmp_path):
     # An entry tuned at 1/8 serves 1/32 and 1/4; 1/2 is one octave from m=1 and two from 1/8, so the
     # nearer m=1 entry serves it; m=1 (every expert busy) does not reach 1/32 (three octaves).
