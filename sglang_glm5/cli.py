@@ -269,9 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         "three fastest W4A16 tiles are timed again aiming their K split at 1 and 4 programs per SM); otherwise "
         "stores the feasible config nearest the built-in heuristic, marked measured: false and keyed by the "
         "architecture and shared memory per block, so that every GPU sharing both reads it. Prints per GEMM the "
-        "candidates, how many the "
-        "shared-memory model and the compiler ruled out, and the largest tile that fits. Writes the user cache "
-        "($SGLANG_GLM5_CACHE_DIR/autotune/TARGET.json) unless --out is given.",
+        "candidates, how many the shared-memory model and the compiler ruled out, and the largest tile that fits. "
+        "Writes the user cache ($SGLANG_GLM5_CACHE_DIR/autotune/TARGET.json) unless --out is given.",
     )
     p.add_argument("--target", default="rtx-pro-6000", help="rtx-pro-6000 (default), h200, local, ... or smXY")
     p.add_argument("--shape", nargs="+", default=["glm5-ep8"], help="glm5-ep8 (default), glm5-tp8, E,H,I")
