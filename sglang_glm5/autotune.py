@@ -349,6 +349,18 @@ def pick_config(path: str, tokens_per_expert: float, num_experts: int, hidden: i
     return cache.lookup(MoeShape(num_experts, hidden, inter), tokens_per_expert, path)
 
 
+def tiles_in_use(target: GpuTarget, shape: MoeShape, path: str = "w4a16") -> Callable[[str, Bucket], GemmConfig]:
+    """(kernel, bucket) -> the tile a call of that many tokens per expert gets from the target's cache files now
+    (``ConfigCache.lookup``), with the plan's own K split: what ``tune --splits-only`` chooses a split for."""
+    cache = ConfigCache(target)
+
+    def tile(kernel: str, bucket: Bucket) -> GemmConfig:
+        cfg = getattr(cache.lookup(shape, bucket, path), kernel)
+        return dataclasses.replace(cfg, split_k=0, programs_per_sm=0)
+
+    return tile
+
+
 def forget_device_caches() -> None:
     """Make the next ``pick_config`` read the cache files again (after a tune stored new entries; tests)."""
     _device_caches.clear()
@@ -501,6 +513,7 @@ def tune(
     variant: KernelVariant | None = None,
     progress: Callable[[str], None] | None = None,
     survey: bool = False,
+    tiles: Callable[[str, Bucket], GemmConfig] | None = None,
 ) -> tuple[dict[str, Entry], TuneReport]:
     """Pick a config per (kernel, bucket) of a kernel family (default W4A16) for one layer shape.
 
@@ -512,8 +525,16 @@ def tune(
     ``survey`` the whole search space is also pruned for the target (AOT compiles, memoized), so that the report
     tells how many candidates the target's shared memory rules out. ValueError when the family does not run on
     the target.
+
+    With ``tiles`` ((kernel, bucket) -> a tile; needs ``bench``) only the K split plan is chosen: that tile is timed
+    with its default plan and with each other split count the family's ``step_split_targets`` give the bucket's
+    step, and the fastest is kept. A (kernel, bucket) where no other count exists gets no entry. This is the cheap
+    tuning of decode steps (``tune --splits-only``): a tenth of the timings of a full search.
     """
     import triton
+
+    if tiles is not None and bench is None:
+        raise ValueError("tune: choosing split plans (tiles=...) needs the target's GPU to time them")
 
     v = variant or variants.get("w4a16")
     if not v.runs_on(target.arch):
@@ -538,6 +559,11 @@ def tune(
             results[key] = Entry(chosen[0], chosen[1], None, triton.__version__)
             say(f"{key}: {chosen[0].label} ({chosen[1]} B, not measured)")
             continue
+        if tiles is not None:
+            entry = _tune_split(v, kernel, bucket, tiles(kernel, bucket), shape, target, bench, report, say, key)
+            if entry is not None:
+                results[key] = entry
+            continue
         feasible = feasible_candidates(kernel, bucket, target, report, variant=v)
         if not feasible:
             raise RuntimeError(
@@ -558,6 +584,34 @@ def tune(
         ms, cfg, shared = min(timed, key=lambda t: t[0])
         results[key] = Entry(cfg, shared, ms, triton.__version__)
     return results, report
+
+
+def _tune_split(
+    v: KernelVariant, kernel: str, bucket: Bucket, tile: GemmConfig, shape: MoeShape, target: GpuTarget, bench: Bench,
+    report: TuneReport, say: Callable[[str], None], key: str,
+) -> Entry | None:  # fmt: skip
+    """``tune(tiles=...)`` for one (kernel, bucket): the fastest split plan of ``tile``, or None without a choice."""
+    import triton
+
+    shared = v.fits(kernel, tile, target)
+    if shared is None:
+        raise RuntimeError(f"{key}: {tile.label} does not fit {target.name} ({target.shared_per_block} B)")
+    trials = v.split_candidates(kernel, tile, shape, bucket, target.sm_count, v.step_split_targets) if (
+        v.split_candidates and v.step_split_targets) else []  # fmt: skip
+    report.candidates += 1 + len(trials)
+    if not trials:
+        say(f"{key}: {tile.label}: the plan has no other split count here (no entry)")
+        return None
+    timed: list[tuple[float, GemmConfig, int]] = []
+    failure = _time_candidates(bench, kernel, bucket, [(tile, shared)], timed, report, say, f"{key}: ")
+    before = report.benchmarked
+    failure = _time_candidates(bench, kernel, bucket, [(c, shared) for c in trials], timed, report, say,
+                               f"{key}: split ") or failure  # fmt: skip
+    report.split_trials += report.benchmarked - before
+    if not timed:
+        raise RuntimeError(f"{key}: {tile.label} did not run with any split plan; last error {failure}")
+    ms, cfg, _ = min(timed, key=lambda t: t[0])
+    return Entry(cfg, shared, ms, triton.__version__)
 
 
 def _time_candidates(

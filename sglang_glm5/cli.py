@@ -176,6 +176,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not variant.runs_on(target.arch):
         raise ValueError(f"--path {args.path} needs {variant.requires}, got {target.name} ({target.sm})")
     measure = local is not None and local.name == target.name and local.arch == target.arch
+    if args.splits_only and not (measure and variant.step_split_targets):
+        raise ValueError(
+            f"--splits-only times K split plans of {variant.title} on the target's own GPU (--target local)"
+            if variant.step_split_targets else f"--splits-only: {variant.title} has no K split plans"
+        )  # fmt: skip
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
     print(f"tune --path {args.path}: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
@@ -186,7 +191,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for shape in [parse_shape(s) for s in args.shape]:
         bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
         entries, report = autotune.tune(
-            target, shape, buckets, bench, variant=variant, progress=autotune.print_progress, survey=not args.no_survey
+            target, shape, buckets, bench, variant=variant, progress=autotune.print_progress, survey=not args.no_survey,
+            tiles=autotune.tiles_in_use(target, shape, variant.name) if args.splits_only else None,
         )  # fmt: skip
         autotune.store(out, target, entries)
         total.add(report)
@@ -282,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
         "before its power-of-two bucket; default 1/32,1/16,...,2048; with --path w4a4: 16,32,...,2048)",
     )  # fmt: skip
     p.add_argument("--out", default=None, help="cache file to write (default: the user cache of the target)")
+    p.add_argument(
+        "--splits-only", action="store_true",
+        help="on the local GPU, keep the tile a lookup picks now for each batch size (its entry, a nearby bucket's, "
+        "or the heuristic) and time only its K split plans (1, 2, 3, 4, 6 and 8 programs per SM, one per distinct "
+        "split count), storing the fastest: about a tenth of a full search, for decode steps such as "
+        "--batch-sizes 2/32,3/32,...,16/32; a batch size where the plan has no other split count gets no entry",
+    )  # fmt: skip
     p.add_argument(
         "--no-survey", action="store_true",
         help="offline: skip pruning the whole search space for the target (AOT compiles, memoized in the user "

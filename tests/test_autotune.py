@@ -392,6 +392,54 @@ def test_a_borrowed_entry_leaves_a_fixed_split_count_behind(tmp_path):
     assert cache.lookup(EP8, 1 / 8).gemm1 == dataclasses.replace(fixed, split_k=0)
 
 
+def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_fastest(tmp_path, monkeypatch):
+    # The tile a lookup picks at the step (a neighbouring bucket's entry here, whose split plan is left behind) is
+    # timed with the default plan and each other split count; the step's entry keeps the fastest. TP8's gemm2 walks
+    # several N tiles per program and never splits: nothing to time, no entry.
+    h200 = TARGETS["h200"]
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    tile = GemmConfig(16, 128, 256, 4, 3)
+    stored = {
+        cache_key(h200, k, gemm_shape(k, shape), Fraction(1, 2), measured=True): _entry(
+            dataclasses.replace(tile, programs_per_sm=1)
+        )
+        for k in ("gemm1", "gemm2")
+        for shape in (EP8, TP8)
+    }
+    autotune.store(autotune.user_cache_path(h200), h200, stored)
+    calls = []
+
+    def fake_bench(kernel, cfg, bucket):  # the more programs per SM the faster; the default plan slowest
+        calls.append((kernel, cfg, bucket))
+        return 1.0 - cfg.programs_per_sm / 100
+
+    step = Fraction(12, 32)
+    for shape in (EP8, TP8):
+        calls.clear()
+        entries, report = autotune.tune(h200, shape, [step], fake_bench, tiles=autotune.tiles_in_use(h200, shape))
+        for kernel in ("gemm1", "gemm2"):
+            trials = w4a16.split_candidates(kernel, tile, shape, step, h200.sm_count, w4a16.STEP_SPLIT_TRIALS)
+            key = cache_key(h200, kernel, gemm_shape(kernel, shape), step, measured=True)
+            timed = [cfg for k, cfg, _ in calls if k == kernel]
+            if shape is TP8 and kernel == "gemm2":
+                assert trials == [] and timed == [] and key not in entries
+                continue
+            assert timed == [tile, *trials] and len(trials) >= 2, "the default plan, then one per other count"
+            best = max(trials, key=lambda c: c.programs_per_sm)
+            assert entries[key].config == best and entries[key].ms == 1.0 - best.programs_per_sm / 100
+        assert {b for _, _, b in calls} == {step}
+        assert report.benchmarked == report.split_trials + (2 if shape is EP8 else 1) == len(calls)
+    with pytest.raises(ValueError, match="needs the target's GPU"):
+        autotune.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
+
+
+def test_splits_only_needs_the_local_gpu(capsys):
+    from sglang_glm5.cli import main
+
+    assert main(["tune", "--target", "h200", "--splits-only", "--batch-sizes", "3/32"]) == 2
+    assert "--splits-only times K split plans of W4A16 on the target's own GPU" in capsys.readouterr().err
+
+
 def _key_of(kernel: str, shape: MoeShape, bucket) -> str:
     return cache_key(SM120, kernel, gemm_shape(kernel, shape), bucket, measured=True)
 

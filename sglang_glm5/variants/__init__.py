@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from sglang_glm5.hardware import GpuTarget
-from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 NAMES = ("w4a16", "w4a4", "dense")
@@ -50,8 +49,9 @@ class KernelVariant:
     shared_floor: Callable[[str, GemmConfig], int] | None = None  # lower bound: above it the compiler decides
     compiled_shared_bytes: Callable[[list[tuple[str, GemmConfig]], GpuTarget], list[int | str]] | None = None
     check_config: Callable[[GemmConfig], None] = lambda cfg: None  # ValueError when the kernels cannot run it
-    # (kernel, cfg, shape, bucket, SMs) -> the same tile with other K split plans, for the tuner to time too
-    split_candidates: Callable[[str, GemmConfig, MoeShape, Bucket, int], list[GemmConfig]] | None = None
+    # (kernel, cfg, shape, bucket, SMs[, targets]) -> the same tile with other K split plans, for the tuner to time
+    split_candidates: Callable[..., list[GemmConfig]] | None = None
+    step_split_targets: tuple[int, ...] = ()  # the split targets ``tune --splits-only`` tries at a decode step
     kernel_bencher: str = ""  # "module:function" (shape, seed) -> autotune.Bench, on the local GPU
     after_tune: str = ""  # "module:function" run by `tune` after the tiles are stored (W4A4: its threshold)
     selfcheck: str = ""  # "module:function" (argparse args) -> exit code, for `selfcheck --path NAME`

@@ -243,6 +243,9 @@ PROGRAMS_PER_SM = 2
 # config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
 # tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
 SPLIT_TRIALS = (1, 4)
+# The targets ``tune --splits-only`` tries at a decode step: each gives the step a split count of its own, and the
+# step's entry keeps the fastest (the counts that paid at GLM-5 B = 1-16 ranged from none to about 8: run 22).
+STEP_SPLIT_TRIALS = (1, 2, 3, 4, 6, 8)
 # The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
 # (bench/README.md, run 20).
@@ -321,12 +324,15 @@ def plan_gemms(
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
-def split_candidates(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int) -> list[GemmConfig]:
-    """``cfg`` with other targets for its K split plan (``GemmConfig.programs_per_sm``: SPLIT_TRIALS), for the
+def split_candidates(
+    kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int, targets: tuple[int, ...] = SPLIT_TRIALS
+) -> list[GemmConfig]:
+    """``cfg`` with other targets for its K split plan (``GemmConfig.programs_per_sm``: ``targets``), for the
     tuner to time beside the default plan below one token per expert: those that give the bucket's step
-    (``MoeShape.tokens_at``) another split count than the default does. A target, not a fixed count, so that
-    every step of the bucket gets the split its own blocks call for. Empty when ``cfg`` fixes its split or
-    target already, at busy buckets, and for a gemm2 that walks several N tiles per program (it does not split).
+    (``MoeShape.tokens_at``) another split count than the default does, one per count. A target, not a fixed
+    count, so that every step of the bucket gets the split its own blocks call for. Empty when ``cfg`` fixes its
+    split or target already, at busy buckets, and for a gemm2 that walks several N tiles per program (it does
+    not split).
     """
     if bucket >= 1 or cfg.split_k or cfg.programs_per_sm:
         return []
@@ -343,7 +349,7 @@ def split_candidates(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Buck
     if None in seen:
         return []
     out = []
-    for target in SPLIT_TRIALS:
+    for target in targets:
         trial = dataclasses.replace(cfg, programs_per_sm=target)
         if (n := splits(trial)) not in seen:
             seen.add(n)
@@ -557,6 +563,7 @@ VARIANT = KernelVariant(
     compiled_shared_bytes=compiled_shared_bytes_many,
     check_config=check_config,
     split_candidates=split_candidates,
+    step_split_targets=STEP_SPLIT_TRIALS,
     kernel_bencher="sglang_glm5.bench:kernel_bencher",
     selfcheck="sglang_glm5.cli:selfcheck_command",
 )
