@@ -598,10 +598,10 @@ def _tune_split(
         raise RuntimeError(f"{key}: {tile.label} does not fit {target.name} ({target.shared_per_block} B)")
     trials = v.split_candidates(kernel, tile, shape, bucket, target.sm_count, v.step_split_targets) if (
         v.split_candidates and v.step_split_targets) else []  # fmt: skip
-    report.candidates += 1 + len(trials)
     if not trials:
         say(f"{key}: {tile.label}: the plan has no other split count here (no entry)")
         return None
+    report.candidates += 1 + len(trials)
     timed: list[tuple[float, GemmConfig, int]] = []
     failure = _time_candidates(bench, kernel, bucket, [(tile, shared)], timed, report, say, f"{key}: ")
     before = report.benchmarked
