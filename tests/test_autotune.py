@@ -429,6 +429,10 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
             assert entries[key].config == best and entries[key].ms == 1.0 - best.programs_per_sm / 100
         assert {b for _, _, b in calls} == {step}
         assert report.benchmarked == report.split_trials + (2 if shape is EP8 else 1) == len(calls)
+    # A plan less than SPLIT_MARGIN faster than the default is within the timing spread: the default stays.
+    entries, _ = autotune.tune(h200, EP8, [step], lambda k, cfg, b: 1.0 - (cfg.programs_per_sm > 0) / 200,
+                               tiles=autotune.tiles_in_use(h200, EP8))  # fmt: skip
+    assert [e.config for e in entries.values()] == [tile, tile]
     with pytest.raises(ValueError, match="needs the target's GPU"):
         autotune.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
 
