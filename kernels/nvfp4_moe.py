@@ -364,18 +364,6 @@ def _split_range(K, k_per_split, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def device_split(used_blocks_ptr, programs_per_block, split_target, K, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
-    """(splits, K elements per split) for the routing blocks this call uses (``variants.w4a16.device_split``, the
-    host's mirror): as many splits of whole K steps, none empty, as it takes for the used blocks' programs to reach
-    ``split_target`` programs, rounded up, at most SPLITS (grid axis 2)."""
-    work = tl.maximum(tl.load(used_blocks_ptr), 1) * programs_per_block
-    want = tl.minimum(tl.maximum((split_target + work - 1) // work, 1), SPLITS)
-    steps = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(steps, want)
-    return tl.cdiv(steps, per), per * BLOCK_K
-
-
-@triton.jit
 def nvfp4_moe_gemm1_kernel(
     x_ptr,  # [T, H] bf16/fp16, prepared activations (permuted K order)
     w_ptr,  # [E, 2I, H/4] int16, packed e2m1 (the uint8 [E, 2I, H/2] tensor viewed as int16)
@@ -391,8 +379,7 @@ def nvfp4_moe_gemm1_kernel(
     top_k,
     inter_size,  # I
     hidden_size,  # H (the K of this GEMM)
-    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1, not DEVICE_SPLIT)
-    split_target,  # programs the split aims for (DEVICE_SPLIT)
+    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1)
     stride_xt,
     stride_we,
     stride_wn,
@@ -407,8 +394,7 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
-    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS (at most, DEVICE_SPLIT); the last of a tile adds them
-    DEVICE_SPLIT: tl.constexpr,  # the split count comes from the used blocks (device_split), not from the host
+    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; the last program of a tile to finish adds them
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
@@ -418,45 +404,14 @@ def nvfp4_moe_gemm1_kernel(
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
     bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
     partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
-    in split order, so the result does not depend on which program that is, and applies SiLU * up.
-    With DEVICE_SPLIT the programs split K as ``device_split`` says for the blocks in use, and those past
-    its count have nothing to do."""
+    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     after_previous_launch(PDL)
-    if DEVICE_SPLIT:
-        splits, k_per_split = device_split(used_blocks_ptr, tl.num_programs(1), split_target, hidden_size, BLOCK_K,
-                                           SPLITS)  # fmt: skip
-        if tl.program_id(2) < splits:
-            _gemm1_blocks(
-                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr,
-                h_ptr, num_pairs, top_k, inter_size, hidden_size, k_per_split, splits, stride_xt, stride_we, stride_wn,
-                stride_se, stride_sn, stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K,
-                EVEN_K, SPLITS, BLOCK_LOOP, LAYOUT, INTERPRETER, PDL,
-            )  # fmt: skip
-    else:
-        _gemm1_blocks(
-            x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr,
-            h_ptr, num_pairs, top_k, inter_size, hidden_size, k_per_split, SPLITS, stride_xt, stride_we, stride_wn,
-            stride_se, stride_sn, stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K,
-            EVEN_K, SPLITS, BLOCK_LOOP, LAYOUT, INTERPRETER, PDL,
-        )  # fmt: skip
-
-
-@triton.jit
-def _gemm1_blocks(
-    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr, h_ptr,
-    num_pairs, top_k, inter_size, hidden_size, k_per_split, splits, stride_xt, stride_we, stride_wn, stride_se,
-    stride_sn, stride_gse, stride_gsg, stride_ht, gate_row0, up_row0,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    BLOCK_LOOP: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """The routing blocks of this program (the kernel's arguments): with BLOCK_LOOP the used blocks b, b + programs,
-    ...; else block program_id(0), if it holds pairs."""
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
-                inter_size, hidden_size, k_per_split, splits, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
                 LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
@@ -466,7 +421,7 @@ def _gemm1_blocks(
             _gemm1_block(
                 tl.program_id(0), expert,
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
-                inter_size, hidden_size, k_per_split, splits, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
                 LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
@@ -477,9 +432,8 @@ def _gemm1_block(
     pid_m,  # the routing block
     expert,  # its expert
     x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k, inter_size,
-    hidden_size, k_per_split,
-    splits,  # this call's K splits: SPLITS, or fewer (DEVICE_SPLIT)
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht, gate_row0, up_row0,
+    hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
+    gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
     LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
@@ -512,51 +466,34 @@ def _gemm1_block(
         )
     let_next_launch(PDL)
 
+    last = True
     if SPLITS > 1:
-        if splits > 1:
-            # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
-            split_stride = num_pairs * 2 * inter_size
-            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
-            mask = row_ok[None, :] & n_ok[:, None]
-            tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
-            tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
-            tl.debug_barrier()  # every thread's partials are written before the counter says so
-            arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == splits - 1:
-                tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
-                # Unrolled, so that all loads are in flight together; added in split order.
-                acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for split in tl.static_range(SPLITS):
-                    in_use = mask & (split < splits)
-                    acc_g += tl.load(p_ptrs + split * split_stride, mask=in_use, other=0.0, cache_modifier=".cg")
-                    acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=in_use, other=0.0,
-                                     cache_modifier=".cg")  # fmt: skip
-                _gemm1_store(acc_g, acc_u, expert, wgs_ptr, stride_gse, stride_gsg, h_ptr, pair_safe, row_ok, offs_n,
-                             n_ok, stride_ht, INTERPRETER)  # fmt: skip
-        else:  # the device chose not to split this call
-            _gemm1_store(acc_g, acc_u, expert, wgs_ptr, stride_gse, stride_gsg, h_ptr, pair_safe, row_ok, offs_n, n_ok,
-                         stride_ht, INTERPRETER)  # fmt: skip
-    else:
-        _gemm1_store(acc_g, acc_u, expert, wgs_ptr, stride_gse, stride_gsg, h_ptr, pair_safe, row_ok, offs_n, n_ok,
-                     stride_ht, INTERPRETER)  # fmt: skip
-
-
-@triton.jit
-def _gemm1_store(
-    acc_g,  # [BLOCK_N, BLOCK_M] fp32 gate sums of one N tile (decoded weights: value * 2^-7)
-    acc_u,  # [BLOCK_N, BLOCK_M] fp32 up sums
-    expert, wgs_ptr, stride_gse, stride_gsg, h_ptr, pair_safe, row_ok, offs_n, n_ok, stride_ht,
-    INTERPRETER: tl.constexpr,
-):  # fmt: skip
-    """h = SiLU(gate) * up for one tile, each times its global scale, stored in the permuted K order."""
-    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
-    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
-    gate = acc_g * gs_gate
-    up = acc_u * gs_up
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
-    tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+        # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
+        split_stride = num_pairs * 2 * inter_size
+        p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
+        mask = row_ok[None, :] & n_ok[:, None]
+        tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
+        tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
+        tl.debug_barrier()  # every thread's partials are written before the counter says so
+        arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLITS - 1
+        if last:
+            tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
+            # Unrolled, so that all SPLITS loads are in flight together; added in split order.
+            acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for split in tl.static_range(SPLITS):
+                acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+    if last:
+        gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
+        gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
+        gate = acc_g * gs_gate
+        up = acc_u * gs_up
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+        tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
 @triton.jit
@@ -587,12 +524,10 @@ def nvfp4_moe_gemm2_kernel(
     block_expert_ptr,  # [num_blocks] int32, -1 = no work
     used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
     y_ptr,  # [P, H] out, dtype of the hidden states; with SPLITS > 1 [SPLITS, P, H] fp32 partials
-    split_count_ptr,  # [1] int32 out: the splits written (DEVICE_SPLIT), for moe_sum_kernel
     num_pairs,
     hidden_size,  # H (the N of this GEMM)
     inter_size,  # I (the K of this GEMM)
-    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1, not DEVICE_SPLIT)
-    split_target,  # programs the split aims for (DEVICE_SPLIT)
+    k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1)
     stride_ht,
     stride_we,
     stride_wn,
@@ -604,8 +539,7 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
     MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
-    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS (at most, DEVICE_SPLIT); moe_sum_kernel adds them in order
-    DEVICE_SPLIT: tl.constexpr,  # the split count comes from the used blocks (device_split), as gemm1
+    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; moe_sum_kernel adds the fp32 partials in split order
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
@@ -615,38 +549,8 @@ def nvfp4_moe_gemm2_kernel(
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
-    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other. With DEVICE_SPLIT
-    the split is chosen as in gemm1, and program (0, 0, 0) writes the count for the sum."""
+    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
-    if DEVICE_SPLIT:
-        splits, k_per_split = device_split(used_blocks_ptr, tl.num_programs(1), split_target, inter_size, BLOCK_K,
-                                           SPLITS)  # fmt: skip
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            tl.store(split_count_ptr, splits)
-        if tl.program_id(2) < splits:
-            _gemm2_blocks(
-                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr,
-                y_ptr, num_pairs, hidden_size, inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se,
-                stride_sn, stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, BLOCK_LOOP, LAYOUT,
-                INTERPRETER, PDL,
-            )  # fmt: skip
-    else:
-        _gemm2_blocks(
-            h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, y_ptr,
-            num_pairs, hidden_size, inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn,
-            stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, BLOCK_LOOP, LAYOUT, INTERPRETER, PDL,
-        )  # fmt: skip
-
-
-@triton.jit
-def _gemm2_blocks(
-    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, y_ptr,
-    num_pairs, hidden_size, inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_LOOP: tl.constexpr, LAYOUT: tl.constexpr,
-    INTERPRETER: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """The routing blocks of this program, as ``_gemm1_blocks``."""
     if BLOCK_LOOP:
         for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
             _gemm2_block(
@@ -723,7 +627,6 @@ def moe_sum_kernel(
     y_ptr,  # [splits, rows, H] per-pair outputs (rows of invalid slots are never read)
     topk_ids_ptr,  # [T * k] int32/int64, valid when 0 <= id < num_experts
     row_map_ptr,  # [T * k] int32 row of y holding pair p (HAS_ROW_MAP), else y's row p is pair p
-    split_count_ptr,  # [1] int32: the splits gemm2 wrote (SPLIT_COUNT), else unused
     out_ptr,  # [T, H]
     hidden_size,
     num_experts,
@@ -731,8 +634,7 @@ def moe_sum_kernel(
     stride_yt,
     stride_ot,
     TOP_K: tl.constexpr,
-    SPLITS: tl.constexpr,  # K splits of gemm2 to add (1: y holds finished rows); at most, with SPLIT_COUNT
-    SPLIT_COUNT: tl.constexpr,  # add the first split_count_ptr[0] splits only (gemm2 chose them on the device)
+    SPLITS: tl.constexpr,  # K splits of gemm2 to add (1: y holds finished rows)
     BLOCK_H: tl.constexpr,
     HAS_ROW_MAP: tl.constexpr,
     INTERPRETER: tl.constexpr,
@@ -746,9 +648,6 @@ def moe_sum_kernel(
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < hidden_size
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    splits = SPLITS
-    if SPLIT_COUNT:
-        splits = tl.load(split_count_ptr)
     for j in tl.static_range(TOP_K):
         eid = tl.load(topk_ids_ptr + t * TOP_K + j)
         valid = (eid >= 0) & (eid < num_experts)
@@ -756,8 +655,7 @@ def moe_sum_kernel(
         if HAS_ROW_MAP:
             row = tl.load(row_map_ptr + row, mask=valid, other=0).to(tl.int64)
         for split in tl.static_range(SPLITS):
-            y = tl.load(y_ptr + split * stride_ys + row * stride_yt + offs, mask=h_ok & valid & (split < splits),
-                        other=0.0)  # fmt: skip
+            y = tl.load(y_ptr + split * stride_ys + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
             acc += y.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 

@@ -207,13 +207,11 @@ def sum_over_slots(
     row_map: torch.Tensor | None = None,
     *,
     pdl: bool = False,
-    split_count: torch.Tensor | None = None,
 ) -> None:
     """out[t] = sum of y[row of pair t * k + j] over the slots j with a local expert (fp32, deterministic).
 
     The row of pair p is p, or row_map[p] ([T * k] int32) when given. A 3-d y [splits, rows, H] holds
-    gemm2's split-K partials, added too (slots, then splits, in order): all of them, or the first
-    ``split_count[0]`` (int32 on the device: the splits gemm2 chose there). ``pdl`` as ``route_pairs``.
+    gemm2's split-K partials, added too (slots, then splits, in order). ``pdl`` as ``route_pairs``.
     """
     num_tokens, hidden = out.shape
     block_h = 1024
@@ -222,7 +220,6 @@ def sum_over_slots(
         y_ptr=y,
         topk_ids_ptr=topk_ids,
         row_map_ptr=row_map if row_map is not None else topk_ids,
-        split_count_ptr=split_count if split_count is not None else topk_ids,
         out_ptr=out,
         hidden_size=hidden,
         num_experts=num_experts,
@@ -231,7 +228,6 @@ def sum_over_slots(
         stride_ot=out.stride(0),
         TOP_K=topk_ids.shape[1],
         SPLITS=splits,
-        SPLIT_COUNT=split_count is not None,
         BLOCK_H=block_h,
         HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,

@@ -133,63 +133,6 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
     assert _rel(gemm2(splits, hs), want) < 1e-2
 
 
-@pytest.mark.parametrize("active", [1, 3], ids=["one-block", "three-blocks"])
-def test_a_split_chosen_on_the_device_is_the_host_split_for_the_blocks_in_use(active, gen, device):
-    # Below one token per expert the kernels choose the split from the blocks the routing uses
-    # (Launch.split_target). With one block, gemm1 (10 K steps, 6 N tiles) aiming at 24 programs takes 4 splits and
-    # gemm2 (6 K steps, 10 tiles) 3; with three blocks 2 and 1 (gemm2 then does not split: its one partial is the
-    # sum's only). Each must give the bits of the host's launch with that count, and gemm2 must report it.
-    case = Case(3, active=active, hidden=640, inter=384)
-    layer, x, weights, ids, _, _ = _inputs(case, gen, device)
-    ids = torch.full_like(ids, -1)  # token t sends one slot to expert 2 t (one expert for all with one block)
-    ids[:, 1] = torch.arange(case.num_tokens, dtype=torch.int32) * 2 % (2 * active)
-    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
-    cfg = GemmConfig(16, 64, 64)
-    w13, s13, g13, w2, s2, g2 = (t.to(device) for t in layer.args())
-    ids_d, weights_d = ids.to(device), weights.reshape(-1).to(device)
-    xp = routing.prepare_activations(x.to(device))
-    tiles1, tiles2 = case.inter // cfg.block_n, case.hidden // cfg.block_n
-    target, most = 24, 5
-
-    def gemm1(launch: w4a16.Launch):
-        bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
-        counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
-        route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
-        h = torch.full((ids.numel(), case.inter), float("nan"), dtype=torch.bfloat16, device=device)
-        w4a16.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, routing.interpreting(),
-                         launch=launch, counters=counters)  # fmt: skip
-        return h, int(route.used_blocks.item())
-
-    def gemm2(launch: w4a16.Launch, h: torch.Tensor):
-        route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m)
-        y = torch.full((launch.splits, ids.numel(), case.hidden), float("nan"), device=device)
-        count = torch.full((1,), -1, dtype=torch.int32, device=device)
-        w4a16.launch_gemm2(h, w2, s2, g2, weights_d, route, y if launch.splits > 1 else y[0].bfloat16(), cfg,
-                         routing.interpreting(), per_program=1, launch=launch, split_count=count)  # fmt: skip
-        out = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)
-        routing.sum_over_slots(y if launch.splits > 1 else y[0].bfloat16(), ids_d, out, case.num_experts,
-                               routing.interpreting(), split_count=count if launch.split_target else None)  # fmt: skip
-        return out, int(count.item())
-
-    on_device = w4a16.Launch(1, most, cfg.block_k, split_target=target)
-    h_dev, used = gemm1(on_device)
-    assert used == active
-    n1, _ = w4a16.device_split(case.hidden, cfg.block_k, target, used * tiles1, most)
-    n2, _ = w4a16.device_split(case.inter, cfg.block_k, target, used * tiles2, most)
-    assert (n1, n2) == ((4, 3) if active == 1 else (2, 1))
-    h_host, _ = gemm1(w4a16.Launch(1, *w4a16.k_splits(case.hidden, cfg.block_k, n1)))
-    valid = (ids.reshape(-1) >= 0).to(device)
-    assert not h_dev[valid].isnan().any()
-    assert torch.equal(h_dev[valid], h_host[valid])
-    out_dev, count = gemm2(on_device, h_dev)
-    assert count == n2
-    host2 = w4a16.Launch(1, *w4a16.k_splits(case.inter, cfg.block_k, n2))
-    if n2 > 1:
-        assert torch.equal(out_dev, gemm2(host2, h_dev)[0])
-    assert _rel(out_dev, want) < 1e-2
-    assert torch.equal(out_dev, gemm2(on_device, h_dev)[0]), "the same call twice must give the same bits"
-
-
 def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     # 132 SMs, K = 6144 in steps of 256 (24 steps), 32 N tiles: one active block splits, 64 blocks do not.
     cfg = GemmConfig(16, 128, 256)
@@ -203,17 +146,6 @@ def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
     assert w4a16.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16.Launch(96, 5, 1280)
     assert w4a16.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
-    # Below one token per expert the split is chosen on the device from the blocks in use: the grid has the splits
-    # of half the expected blocks (at least one), and the count at the expected blocks is what the host planned.
-    assert w4a16.plan_launch(6144, cfg, 32, 9, 1.0, 132, on_device=True) == w4a16.Launch(
-        few.block_programs, few.splits, few.k_per_split, split_target=264, expected_splits=few.splits
-    )
-    eight = w4a16.plan_launch(6144, cfg, 32, 24, 8.0, 132, on_device=True)  # 4 blocks: 3 splits; 8 blocks: 2
-    assert (eight.splits, eight.planned_splits, eight.split_target) == (3, 2, 264)
-    assert w4a16.device_split(6144, 256, 264, 8 * 32, eight.splits) == (2, 3072)
-    assert w4a16.device_split(6144, 256, 264, 1 * 32, eight.splits) == (3, 2048), "at most the grid's splits"
-    assert w4a16.plan_launch(6144, cfg, 32, 96, 64.0, 132, on_device=True) == many, "busy: no split either way"
-    assert w4a16.plan_launch(6144, fixed, 32, 9, 1.0, 132, on_device=True).split_target == 0, "a fixed count stays"
 
 
 def test_a_launch_with_an_empty_split_is_refused(gen, device):

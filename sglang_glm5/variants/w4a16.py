@@ -141,29 +141,23 @@ def _kernel_fn(kernel: str):
 _POINTERS = {
     "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
     "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
-    "part_ptr": "*fp32", "counter_ptr": "*i32", "split_count_ptr": "*i32",
+    "part_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
 _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
 
 
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
-# gemm1 with or without a split K, the split fixed by the host (``GemmConfig.split_k``) or chosen on the device
-# (decode); gemm2 with one N tile per program, several, or a split K of either kind. They can differ by a few KB of
-# shared memory; a config must fit all. The split forms are compiled with 2 splits (the number of splits changes
-# the unrolled reduction, held in registers, not the shared memory) and with the block loop (a split is planned
-# when few blocks are expected, so it comes with the loop).
+# gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
+# differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
+# (the number of splits changes the unrolled reduction, held in registers, not the shared memory) and
+# with the block loop (a split is planned when few blocks are expected, so it comes with the loop).
 FORMS = {
-    "gemm1": (
-        {"SPLITS": 1, "DEVICE_SPLIT": False, "BLOCK_LOOP": False},
-        {"SPLITS": 2, "DEVICE_SPLIT": False, "BLOCK_LOOP": True},
-        {"SPLITS": 2, "DEVICE_SPLIT": True, "BLOCK_LOOP": True},
-    ),
+    "gemm1": ({"SPLITS": 1, "BLOCK_LOOP": False}, {"SPLITS": 2, "BLOCK_LOOP": True}),
     "gemm2": (
-        {"MULTI_TILE": False, "SPLITS": 1, "DEVICE_SPLIT": False, "BLOCK_LOOP": False},
-        {"MULTI_TILE": True, "SPLITS": 1, "DEVICE_SPLIT": False, "BLOCK_LOOP": False},
-        {"MULTI_TILE": False, "SPLITS": 2, "DEVICE_SPLIT": False, "BLOCK_LOOP": True},
-        {"MULTI_TILE": False, "SPLITS": 2, "DEVICE_SPLIT": True, "BLOCK_LOOP": True},
+        {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
     ),
 }
 
@@ -278,60 +272,28 @@ def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, b
 
 @dataclass(frozen=True)
 class Launch:
-    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits.
-
-    With ``split_target`` 0 the call splits K in ``splits`` of ``k_per_split``. Otherwise the kernels choose the
-    split on the device from the blocks the call's routing uses (``device_split``): as many splits as it takes for
-    those blocks' programs to reach ``split_target`` programs, at most ``splits`` (grid axis 2; the programs past
-    the count have nothing to do). ``expected_splits`` is the count at the blocks the host expects."""
+    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits."""
 
     block_programs: int
     splits: int
-    k_per_split: int  # K elements per split, a multiple of block_k (the host's split; with a target, the expected's)
-    split_target: int = 0  # programs the device-side split aims for (0: the split is the host's)
-    expected_splits: int = 0  # the split count at the expected blocks (0: splits)
-
-    @property
-    def planned_splits(self) -> int:
-        """The splits of a call whose routing uses the blocks expected."""
-        return self.expected_splits or self.splits
-
-
-def device_split(k_size: int, block_k: int, split_target: int, work: int, most: int) -> tuple[int, int]:
-    """(splits, K elements per split) the kernels choose on the device (``kernels.nvfp4_moe.device_split``) for
-    ``work`` programs per split (used blocks times N tiles, at least the N tiles): as many as it takes to reach
-    ``split_target`` programs (rounded up, as ``plan_launch``), at most ``most``."""
-    return k_splits(k_size, block_k, min(most, max(1, -(-split_target // max(1, work)))))
+    k_per_split: int  # K elements per split, a multiple of block_k
 
 
 def plan_launch(
     k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
-    split: bool = True, on_device: bool = False,
+    split: bool = True,
 ) -> Launch:  # fmt: skip
     """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
     for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``cfg.programs_per_sm``
-    (PROGRAMS_PER_SM when 0) per SM. With ``on_device`` (and no ``cfg.split_k``) the kernels apply that rule to
-    the blocks the call's routing uses instead (``Launch.split_target``); the grid then has the splits of half
-    the expected blocks (at least one block): a routing that uses more blocks than expected gets fewer splits
-    and stays in one wave of programs (a GLM-5 EP8 step of B = 1 that routes to 2 experts ran its gemm1 in two:
-    bench/README.md, run 23).
+    (PROGRAMS_PER_SM when 0) per SM.
 
     Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
     routing costs a second pass of a few programs rather than a launch sized for the worst case.
     """
+    work = max(1.0, blocks_expected) * n_programs
+    want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
     programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
-    if not split:
-        return Launch(programs, *k_splits(k_size, cfg.block_k, 1))
-    if cfg.split_k:
-        return Launch(programs, *k_splits(k_size, cfg.block_k, cfg.split_k))
-    target = (cfg.programs_per_sm or PROGRAMS_PER_SM) * sms
-    expected = k_splits(k_size, cfg.block_k, math.ceil(target / (max(1.0, blocks_expected) * n_programs)))
-    if not on_device:
-        return Launch(programs, *expected)
-    most, _ = k_splits(k_size, cfg.block_k, math.ceil(target / (max(1.0, blocks_expected / 2) * n_programs)))
-    if most == 1:
-        return Launch(programs, *expected)
-    return Launch(programs, most, expected[1], split_target=target, expected_splits=expected[0])
+    return Launch(programs, *k_splits(k_size, cfg.block_k, want))
 
 
 class GemmPlan(NamedTuple):
@@ -342,17 +304,9 @@ class GemmPlan(NamedTuple):
 
 
 def plan_gemms(
-    cfg: MoeConfig,
-    num_pairs: int,
-    num_experts: int,
-    num_global_experts: int,
-    hidden: int,
-    inter: int,
-    sms: int,
-    on_device: bool = False,
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
 ) -> GemmPlan:
-    """The grids of both GEMMs of one call, from sizes known on the host (no sync); ``on_device``: the splits are
-    chosen on the device from the blocks in use (``plan_launch``)."""
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
 
     def blocks(gemm: GemmConfig) -> tuple[int, float]:
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
@@ -360,13 +314,12 @@ def plan_gemms(
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, on_device=on_device)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
-                          on_device=on_device)  # fmt: skip
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1)
     counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
@@ -389,8 +342,8 @@ def split_candidates(
         plan = plan_gemms(MoeConfig(c, c), num_pairs, shape.num_experts, shape.all_experts, shape.hidden,
                           shape.inter, sms)  # fmt: skip
         if kernel == "gemm1":
-            return plan.gemm1.planned_splits
-        return plan.gemm2.planned_splits if plan.per_program == 1 else None
+            return plan.gemm1.splits
+        return plan.gemm2.splits if plan.per_program == 1 else None
 
     seen = {splits(cfg)}
     if None in seen:
@@ -412,10 +365,7 @@ def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
 
 
 def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
-    if launch.split_target:  # the device splits the K steps in at most launch.splits (k_splits: none empty)
-        if not 1 < launch.splits <= min(triton.cdiv(k_size, cfg.block_k), MAX_SPLITS):
-            raise ValueError(f"launch: {launch} has more splits than K steps (K = {k_size}, {cfg.label})")
-    elif launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
+    if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
         raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
 
 
@@ -461,7 +411,6 @@ def launch_gemm1(
         inter_size=inter,
         hidden_size=x.shape[1],
         k_per_split=launch.k_per_split,
-        split_target=launch.split_target,
         stride_xt=x.stride(0),
         stride_we=w13.stride(0),
         stride_wn=w13.stride(1),
@@ -477,7 +426,6 @@ def launch_gemm1(
         BLOCK_K=cfg.block_k,
         EVEN_K=x.shape[1] % cfg.block_k == 0,
         SPLITS=launch.splits,
-        DEVICE_SPLIT=launch.split_target > 0,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
@@ -501,14 +449,11 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    split_count: torch.Tensor | None = None,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
-    ``launch_gemm1``. A launch whose split is chosen on the device (``Launch.split_target``) needs
-    ``split_count`` (int32 [1]), into which it writes the splits it chose (partials past it are not written):
-    ``sum_over_slots`` reads it."""
+    ``launch_gemm1``."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg)
@@ -524,8 +469,6 @@ def launch_gemm2(
     split = launch.splits > 1
     if split and per_program > 1:
         raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
-    if launch.split_target and (split_count is None or split_count.numel() < 1 or split_count.dtype != torch.int32):
-        raise ValueError("split_count: a launch that splits K on the device needs an int32 tensor of one element")
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
@@ -539,12 +482,10 @@ def launch_gemm2(
         block_expert_ptr=route.block_expert,
         used_blocks_ptr=route.used_blocks,
         y_ptr=y,
-        split_count_ptr=split_count if launch.split_target else route.used_blocks,
         num_pairs=num_pairs,
         hidden_size=hidden,
         inter_size=h.shape[1],
         k_per_split=launch.k_per_split,
-        split_target=launch.split_target,
         stride_ht=h.stride(0),
         stride_we=w2.stride(0),
         stride_wn=w2.stride(1),
@@ -557,7 +498,6 @@ def launch_gemm2(
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
         SPLITS=launch.splits,
-        DEVICE_SPLIT=launch.split_target > 0,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
@@ -580,12 +520,11 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
 
-    decode = num_pairs < num_global  # below one token per expert: few active experts, how many varies by call
-    plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms, on_device=decode)
+    plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    pdl = dict.fromkeys(PDL_LAUNCHES, decode and uses_pdl(device))
+    pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
                          pdl=pdl.get("route", False))  # fmt: skip
     route2 = route1
@@ -601,11 +540,10 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    split_count = torch.empty(1, dtype=torch.int32, device=device) if launch2.split_target else None
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False), split_count=split_count)  # fmt: skip
-    sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False), split_count=split_count)
+                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
+    sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
 
