@@ -403,7 +403,7 @@ class TuneReport:
     pruned_by_model: int = 0
     pruned_by_compiler: int = 0
     benchmarked: int = 0
-    split_trials: int = 0  # of the benchmarked: leading tiles timed again with other split plans
+    split_trials: int = 0  # of the benchmarked: tiles timed again with other split plans
     bench_seconds: float = 0.0
     verdicts: dict[str, dict[GemmConfig, int | str]] = field(default_factory=dict)
 
@@ -444,7 +444,7 @@ class TuneReport:
     def summary(self) -> str:
         per = self.bench_seconds / self.benchmarked if self.benchmarked else 0.0
         saved = f", about {self.pruned * per:.0f} s of benchmarking saved" if self.benchmarked else ""
-        splits = f" ({self.split_trials} of them leading tiles with other split plans)" if self.split_trials else ""
+        splits = f" ({self.split_trials} of them split-plan trials)" if self.split_trials else ""
         return (
             f"{self.candidates} candidates, {self.pruned} pruned as infeasible ({self.pruned_by_model} by the model, "
             f"{self.pruned_by_compiler} by the compiler), {self.benchmarked} benchmarked{splits}{saved}"
@@ -532,8 +532,8 @@ def tune(
     With ``tiles`` ((kernel, bucket) -> a tile; needs ``bench``) only the K split plan is chosen: that tile is timed
     with its default plan and with each other split count the family's ``step_split_targets`` give the bucket's
     step, and the fastest is kept if it beats the default plan by SPLIT_MARGIN. A (kernel, bucket) where no other
-    count exists gets no entry. This is the cheap
-    tuning of decode steps (``tune --splits-only``): a tenth of the timings of a full search.
+    count exists gets no entry. This is the cheap tuning of decode steps (``tune --splits-only``): 3-4 timings a
+    GEMM and step where a full search takes about 20.
     """
     import triton
 

@@ -243,9 +243,9 @@ PROGRAMS_PER_SM = 2
 # config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
 # tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
 SPLIT_TRIALS = (1, 4)
-# The targets ``tune --splits-only`` tries at a decode step: each gives the step a split count of its own, and the
-# step's entry keeps the fastest (the counts that paid at GLM-5 B = 1-16 ranged from none to about 8: run 22).
-STEP_SPLIT_TRIALS = (1, 2, 3, 4, 6, 8)
+# The targets ``tune --splits-only`` tries at a decode step beside the default (PROGRAMS_PER_SM): each that gives the
+# step a split count of its own is timed, and the step's entry keeps the fastest (bench/README.md, run 23).
+STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
 # (bench/README.md, run 20).
