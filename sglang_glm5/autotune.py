@@ -580,9 +580,7 @@ def tune(
             leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
             splits = [(c, shared) for _, cfg, shared in leaders
                       for c in v.split_candidates(kernel, cfg, shape, bucket, target.sm_count)]  # fmt: skip
-            before = report.benchmarked
-            failure = _time_candidates(bench, kernel, bucket, splits, timed, report, say, f"{key}: split ") or failure
-            report.split_trials += report.benchmarked - before
+            failure = _time_split_trials(bench, kernel, bucket, splits, timed, report, say, key) or failure
         if not timed:
             raise RuntimeError(f"no {v.title} config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
         ms, cfg, shared = min(timed, key=lambda t: t[0])
@@ -608,17 +606,26 @@ def _tune_split(
     report.candidates += 1 + len(trials)
     timed: list[tuple[float, GemmConfig, int]] = []
     failure = _time_candidates(bench, kernel, bucket, [(tile, shared)], timed, report, say, f"{key}: ")
-    before = report.benchmarked
-    failure = _time_candidates(bench, kernel, bucket, [(c, shared) for c in trials], timed, report, say,
-                               f"{key}: split ") or failure  # fmt: skip
-    report.split_trials += report.benchmarked - before
+    default = timed[0] if timed else None  # the tile with the plan's own split, if it ran
+    failure = _time_split_trials(bench, kernel, bucket, [(c, shared) for c in trials], timed, report, say,
+                                 key) or failure  # fmt: skip
     if not timed:
         raise RuntimeError(f"{key}: {tile.label} did not run with any split plan; last error {failure}")
     ms, cfg, _ = min(timed, key=lambda t: t[0])
-    default = [t for t in timed if t[1] == tile]
-    if default and ms > default[0][0] * (1 - SPLIT_MARGIN):
-        ms, cfg, _ = default[0]  # within the timing spread: the plan's own split stays
+    if default and ms > default[0] * (1 - SPLIT_MARGIN):
+        ms, cfg, _ = default  # within the timing spread: the plan's own split stays
     return Entry(cfg, shared, ms, triton.__version__)
+
+
+def _time_split_trials(
+    bench: Bench, kernel: str, bucket: Bucket, trials: list[tuple[GemmConfig, int]],
+    timed: list[tuple[float, GemmConfig, int]], report: TuneReport, say: Callable[[str], None], key: str,
+) -> str:  # fmt: skip
+    """``_time_candidates`` for tiles with other split plans, counted in ``report.split_trials``."""
+    before = report.benchmarked
+    failure = _time_candidates(bench, kernel, bucket, trials, timed, report, say, f"{key}: split ")
+    report.split_trials += report.benchmarked - before
+    return failure
 
 
 def _time_candidates(
