@@ -284,33 +284,6 @@ def _nvfp4_dot(
     return tl.dot(w3, x3, acc)
 
 
-@triton.jit
-def _nvfp4_dot4(
-    acc0,  # [BLOCK_N, BLOCK_M] fp32: quarter 0's sum (and 1, 2, 3 in acc1 .. acc3)
-    acc1,
-    acc2,
-    acc3,
-    w_rows,  # [BLOCK_N] int16 pointers to the weight rows
-    s_rows,  # [BLOCK_N] pointers to their scale rows
-    x0,  # [BLOCK_K // 4, BLOCK_M] activation columns 4c + 0 of K step k0 (_load_quarters)
-    x1,
-    x2,
-    x3,
-    k0,
-    K,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    """``_nvfp4_dot`` with a separate accumulator per quarter: no dot of a K step waits for another, so on Hopper
-    each wgmma runs while the next quarter decodes and the next K step loads (Triton waits for a wgmma before
-    the next dot on its accumulator in the same loop iteration)."""
-    DTYPE: tl.constexpr = x0.dtype
-    w0, w1, w2, w3 = _weight_tile(w_rows, s_rows, k0, K, BLOCK_K, EVEN_K, DTYPE, LAYOUT, INTERPRETER)
-    return tl.dot(w0, x0, acc0), tl.dot(w1, x1, acc1), tl.dot(w2, x2, acc2), tl.dot(w3, x3, acc3)
-
-
 # The GEMM kernels' shared prologue (W4A16 here, W4A4 in nvfp4_w4a4.py): the rows of a routing block
 # and the weight rows of an N tile. Inlined: each kernel compiles to what it did with the lines in place.
 
@@ -426,7 +399,6 @@ def nvfp4_moe_gemm1_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-    QUARTER_ACCS: tl.constexpr = False,  # an accumulator per K quarter: no wgmma waits for another (_nvfp4_dot4)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
@@ -441,7 +413,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, QUARTER_ACCS,
+                LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -451,7 +423,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, QUARTER_ACCS,
+                LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
 
 
@@ -463,7 +435,7 @@ def _gemm1_block(
     hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, QUARTER_ACCS: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = tl.program_id(1)
@@ -484,30 +456,14 @@ def _gemm1_block(
     # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
     # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
     tl.assume(k_end > k_begin)
-    if QUARTER_ACCS:
-        g1 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        g2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        g3 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        u1 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        u2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        u3 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc_g, g1, g2, g3 = _nvfp4_dot4(acc_g, g1, g2, g3, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size,
-                                            BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
-            acc_u, u1, u2, u3 = _nvfp4_dot4(acc_u, u1, u2, u3, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size,
-                                            BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
-        acc_g = (acc_g + g1) + (g2 + g3)
-        acc_u = (acc_u + u1) + (u2 + u3)
-    else:
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-            acc_g = _nvfp4_dot(
-                acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
-            )
-            acc_u = _nvfp4_dot(
-                acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
-            )
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_g = _nvfp4_dot(
+            acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
+        )
+        acc_u = _nvfp4_dot(
+            acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
+        )
     let_next_launch(PDL)
 
     last = True
@@ -588,7 +544,6 @@ def nvfp4_moe_gemm2_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-    QUARTER_ACCS: tl.constexpr = False,  # an accumulator per K quarter: no wgmma waits for another (_nvfp4_dot4)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -602,7 +557,7 @@ def nvfp4_moe_gemm2_kernel(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, QUARTER_ACCS,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + tl.program_id(0))
@@ -611,7 +566,7 @@ def nvfp4_moe_gemm2_kernel(
                 tl.program_id(0), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, QUARTER_ACCS,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
             )  # fmt: skip
 
 
@@ -623,7 +578,7 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr, QUARTER_ACCS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = tl.program_id(1)
@@ -641,20 +596,9 @@ def _gemm2_block(
         offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
         w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if QUARTER_ACCS:
-            a1 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            a2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            a3 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for k0 in range(k_begin, k_end, BLOCK_K):
-                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-                acc, a1, a2, a3 = _nvfp4_dot4(acc, a1, a2, a3, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K,
-                                              EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
-            acc = (acc + a1) + (a2 + a3)
-        else:
-            for k0 in range(k_begin, k_end, BLOCK_K):
-                h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
-                acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
-                                 INTERPRETER)  # fmt: skip
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         let_next_launch(PDL)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
     else:

@@ -377,7 +377,7 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False, quarter_accs: bool | None = None,
+    pdl: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
@@ -430,21 +430,10 @@ def launch_gemm1(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        QUARTER_ACCS=uses_quarter_accs(cfg) if quarter_accs is None else quarter_accs,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
-
-
-# Which launches keep an accumulator per K quarter (``kernels.nvfp4_moe._nvfp4_dot4``): a predicate on the tile;
-# None in ``launch_gemm1`` / ``launch_gemm2`` asks it. Off until measured (bench/exp/quarter_accs.py).
-QUARTER_ACCS_RULE = None
-
-
-def uses_quarter_accs(cfg: GemmConfig) -> bool:
-    """Whether a launch of ``cfg`` keeps four accumulators per weight matrix (``QUARTER_ACCS_RULE``)."""
-    return bool(QUARTER_ACCS_RULE and QUARTER_ACCS_RULE(cfg))
 
 
 def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
@@ -460,7 +449,6 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    quarter_accs: bool | None = None,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -514,7 +502,6 @@ def launch_gemm2(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        QUARTER_ACCS=per_program == 1 and (uses_quarter_accs(cfg) if quarter_accs is None else quarter_accs),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
