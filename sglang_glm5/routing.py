@@ -114,6 +114,22 @@ def num_blocks_bound(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
 
 
+# From this many pairs the routing launch walks the ids in wide steps on 8 warps (``route_block``).
+WIDE_ROUTE_PAIRS = 32768
+
+
+def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
+    """(ids per loop step, warps) of the routing launch. Each of its E + 1 programs walks all P ids twice in
+    steps of this many: up to 1024 on 4 warps, so that a decode step (a few pairs) takes a small histogram;
+    from ``WIDE_ROUTE_PAIRS`` pairs (GLM-5 B >= 4096) 8192 on 8 warps, 4096 above 64 experts (whose histogram
+    is wider). H200 (bench/README.md, run 24): at B = 8192 the launch took 74 against 186 us (EP8, 32 experts)
+    and 162 against 225 us (TP8, 256), at B = 16384 142 against 359 and 326 against 444; at B = 2048 the narrow
+    step was as fast or faster (TP8 59 us against 67-82)."""
+    if num_pairs >= WIDE_ROUTE_PAIRS:
+        return (8192 if num_experts <= 64 else 4096), 8
+    return max(16, min(1024, triton.next_power_of_2(num_pairs))), 4
+
+
 def route_pairs(
     topk_ids: torch.Tensor,
     num_experts: int,
@@ -142,6 +158,7 @@ def route_pairs(
     x, xp = permute if permute is not None else (used_blocks, used_blocks)
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
+    block, warps = route_block(num_pairs, num_experts)
     _k.moe_align_kernel[(num_experts + 1 + tiles,)](
         topk_ids_ptr=ids,
         sorted_ids_ptr=sorted_ids,
@@ -160,12 +177,13 @@ def route_pairs(
         stride_pt=xp.stride(0),
         BLOCK_M=block_m,
         E_PAD=max(16, triton.next_power_of_2(num_experts)),
-        BLOCK=max(16, min(1024, triton.next_power_of_2(num_pairs))),  # decode: a few pairs, a small histogram
+        BLOCK=block,
         PERMUTE=permute is not None,
         PERMUTE_T=PERMUTE_T,
         PERMUTE_K=PERMUTE_K,
         PDL=pdl,
         launch_pdl=pdl,
+        num_warps=warps,
     )
     return Route(sorted_ids, block_expert, used_blocks)
 

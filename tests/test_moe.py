@@ -124,8 +124,13 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
 
 @pytest.mark.parametrize(
     "num_tokens,top_k,num_experts,block_m",
-    [(1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16)],
-)
+    [
+        (1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16),
+        # prefill sizes: from routing.WIDE_ROUTE_PAIRS pairs the launch walks the ids in steps of 8192 (32 experts)
+        # or 4096 (65: over 64), here with a partial last step
+        (4100, 8, 32, 128), (4097, 8, 65, 64),
+    ],
+)  # fmt: skip
 def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, gen, device):
     ids = torch.randint(-1, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
     ours = align_pairs_by_expert(ids.to(device), num_experts, block_m)
