@@ -111,9 +111,9 @@ MOE_PATH = Switch(
     _choice("auto", "w4a16", "w4a4"),
 )  # fmt: skip
 DENSE_PREFILL_MIN_TOKENS = Switch(
-    "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS", "tokens per expert (>= 0, `inf` allowed)", 256.0,
+    "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS", "tokens per expert (>= 0, `inf` allowed)", 384.0,
     "from this many tokens per expert the op, on sm_90 / sm_100, dequantizes the layer to bf16 and runs grouped "
-    "GEMMs (default from the H200 bench; 0 = always, `inf` = never)",
+    "GEMMs (default from the H200 bench: between the sizes where each path measured faster; 0 = always, `inf` = never)",
     lambda name, text: parse_tokens(name, text, allow_inf=True),
 )  # fmt: skip
 W4A4_MIN_TOKENS = Switch(
