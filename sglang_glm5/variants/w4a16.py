@@ -79,7 +79,9 @@ def search_space(bucket) -> list[GemmConfig]:
     """Candidate configs for a bucket of tokens per expert; small block_m for decode sizes.
 
     block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
-    warpgroup), so 8 warps only with block_n 128. From the H200 sweep (bench/h200/sweep_r2.log):
+    warpgroup), so 8 warps only with block_n 128, and from 64 tokens per expert up 256 on 8 warps (EP8 gemm2
+    128x256x64-w8-s3 was 7% faster than the best 128-row tile at 256 tokens per expert, bench/README.md run 24).
+    From the H200 sweep (bench/h200/sweep_r2.log):
     block_k 512 never won and 2 stages rarely did with every expert busy. Below one token per expert
     (decode: few experts active, split K, a few K steps per program) 2 stages are candidates too: at
     GLM-5 TP8 m=1/32, 16x64x256-w4-s2 came within 2% of the winning gemm1 tile (bench/h200/runs/run15_*).
@@ -91,8 +93,9 @@ def search_space(bucket) -> list[GemmConfig]:
     elif bucket <= 64:
         space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
     else:
-        space = itertools.product((64, 128), (64, 128), (64, 128), (3, 4), (4, 8))
-    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if w == 4 or bn == 128]
+        space = itertools.product((64, 128), (64, 128, 256), (64, 128), (3, 4), (4, 8))
+    fits = {4: (64, 128), 8: (128, 256)}  # weight rows per program for each warp count
+    return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if bn in fits[w]]
 
 
 def _stage_bytes(kernel: str, cfg: GemmConfig) -> int:
