@@ -354,10 +354,23 @@ def _permuted_column(n):
 
 
 @triton.jit
-def _split_range(K, k_per_split, SPLIT_K: tl.constexpr):
-    """[k_begin, k_end) of this program's K slice (grid axis 2 when SPLIT_K, else all of K)."""
+def _pid(role: tl.constexpr, BLOCKS_LAST: tl.constexpr):
+    """This program's routing block (role 0), N tile (1) or K split (2): grid axes 0, 1, 2, or with BLOCKS_LAST
+    2, 0, 1, so that the programs of the first blocks (the used ones) launch before those of the blocks after."""
+    return tl.program_id((role + 2) % 3 if BLOCKS_LAST else role)
+
+
+@triton.jit
+def _nprog(role: tl.constexpr, BLOCKS_LAST: tl.constexpr):
+    """The grid's extent along ``_pid``'s role."""
+    return tl.num_programs((role + 2) % 3 if BLOCKS_LAST else role)
+
+
+@triton.jit
+def _split_range(K, k_per_split, SPLIT_K: tl.constexpr, BLOCKS_LAST: tl.constexpr):
+    """[k_begin, k_end) of this program's K slice (the split axis when SPLIT_K, else all of K)."""
     if SPLIT_K:
-        k_begin = tl.program_id(2) * k_per_split
+        k_begin = _pid(2, BLOCKS_LAST) * k_per_split
         return k_begin, tl.minimum(k_begin + k_per_split, K)
     else:
         return 0, K
@@ -399,6 +412,7 @@ def nvfp4_moe_gemm1_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
+    BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
@@ -407,23 +421,23 @@ def nvfp4_moe_gemm1_kernel(
     in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     after_previous_launch(PDL)
     if BLOCK_LOOP:
-        for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
+        for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
-        expert = tl.load(block_expert_ptr + tl.program_id(0))
+        expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
         if expert >= 0:
             _gemm1_block(
-                tl.program_id(0), expert,
+                _pid(0, BLOCKS_LAST), expert,
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
 
 
@@ -435,12 +449,12 @@ def _gemm1_block(
     hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
-    pid_n = tl.program_id(1)
+    pid_n = _pid(1, BLOCKS_LAST)
     offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
-    k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1)
+    k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
     expert = expert.to(tl.int64)
     pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
@@ -472,13 +486,13 @@ def _gemm1_block(
         split_stride = num_pairs * 2 * inter_size
         p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + offs_n_safe[:, None]
         mask = row_ok[None, :] & n_ok[:, None]
-        tl.store(p_ptrs + tl.program_id(2) * split_stride, acc_g, mask=mask)
-        tl.store(p_ptrs + tl.program_id(2) * split_stride + inter_size, acc_u, mask=mask)
+        tl.store(p_ptrs + _pid(2, BLOCKS_LAST) * split_stride, acc_g, mask=mask)
+        tl.store(p_ptrs + _pid(2, BLOCKS_LAST) * split_stride + inter_size, acc_u, mask=mask)
         tl.debug_barrier()  # every thread's partials are written before the counter says so
-        arrived = tl.atomic_add(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(counter_ptr + pid_m * _nprog(1, BLOCKS_LAST) + pid_n, 1, sem="acq_rel", scope="gpu")
         last = arrived == SPLITS - 1
         if last:
-            tl.store(counter_ptr + pid_m * tl.num_programs(1) + pid_n, 0)  # ready for a launch without a route
+            tl.store(counter_ptr + pid_m * _nprog(1, BLOCKS_LAST) + pid_n, 0)  # ready for a launch without a route
             # Unrolled, so that all SPLITS loads are in flight together; added in split order.
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -544,6 +558,7 @@ def nvfp4_moe_gemm2_kernel(
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
+    BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -552,21 +567,21 @@ def nvfp4_moe_gemm2_kernel(
     restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
     if BLOCK_LOOP:
-        for pid_m in range(tl.program_id(0), tl.load(used_blocks_ptr), tl.num_programs(0)):
+        for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm2_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
-        expert = tl.load(block_expert_ptr + tl.program_id(0))
+        expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
         if expert >= 0:
             _gemm2_block(
-                tl.program_id(0), expert,
+                _pid(0, BLOCKS_LAST), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
 
 
@@ -578,13 +593,13 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
-    pid_n = tl.program_id(1)
-    k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1)
+    pid_n = _pid(1, BLOCKS_LAST)
+    k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
     if SPLITS > 1:
-        y_ptr += tl.program_id(2).to(tl.int64) * num_pairs * stride_yt
+        y_ptr += _pid(2, BLOCKS_LAST).to(tl.int64) * num_pairs * stride_yt
     expert = expert.to(tl.int64)
     pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     h_rows = h_ptr + pair_safe * stride_ht
@@ -602,7 +617,7 @@ def _gemm2_block(
         let_next_launch(PDL)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
     else:
-        programs = tl.num_programs(1)
+        programs = _nprog(1, BLOCKS_LAST)
         k_steps = tl.cdiv(inter_size, BLOCK_K)
         my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
         tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count

@@ -240,6 +240,9 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 # the programs of the active blocks alone cannot fill the GPU; the K loop is then split.
 
 
+# Grid order of the op's GEMM launches (``launch_gemm1`` ``blocks_last``): an experiment's switch
+# (bench/exp/no_block_loop.py), off.
+BLOCKS_LAST = False
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
@@ -377,10 +380,17 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
     return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
 
 
+def _grid(launch: Launch, n_programs: int, blocks_last: bool) -> tuple[int, int, int]:
+    """(block programs, N programs, K splits), or with ``blocks_last`` (N programs, K splits, block programs)."""
+    if blocks_last:
+        return n_programs, launch.splits, launch.block_programs
+    return launch.block_programs, n_programs, launch.splits
+
+
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False,
+    pdl: bool = False, blocks_last: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
@@ -398,7 +408,8 @@ def launch_gemm1(
             raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
-    _k.nvfp4_moe_gemm1_kernel[(launch.block_programs, tiles, launch.splits)](
+    grid = _grid(launch, tiles, blocks_last)
+    _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
         w_ptr=w13,
         ws_ptr=w13_scale.view(torch.uint8),
@@ -433,6 +444,7 @@ def launch_gemm1(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
+        BLOCKS_LAST=blocks_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -452,6 +464,7 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
+    blocks_last: bool = False,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -475,7 +488,9 @@ def launch_gemm2(
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
-    _k.nvfp4_moe_gemm2_kernel[(launch.block_programs, triton.cdiv(tiles, per_program), launch.splits)](
+    groups = triton.cdiv(tiles, per_program)
+    grid = _grid(launch, groups, blocks_last)
+    _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
         w_ptr=w2,
         ws_ptr=w2_scale.view(torch.uint8),
@@ -505,6 +520,7 @@ def launch_gemm2(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
+        BLOCKS_LAST=blocks_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -538,14 +554,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
                  up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False))  # fmt: skip
+                 pdl=pdl.get("gemm1", False), blocks_last=BLOCKS_LAST)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
+                 layout=weights.layout, pdl=pdl.get("gemm2", False), blocks_last=BLOCKS_LAST)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
