@@ -8,6 +8,7 @@ bit-identity across runs, and that a split result does not depend on which progr
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -146,6 +147,42 @@ def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
     assert w4a16.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16.Launch(96, 5, 1280)
     assert w4a16.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
+
+
+def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
+    # At decode the bound on blocks may be close to the blocks expected (GLM-5 EP8 B = 8: 35 against 7.6): then a
+    # program per possible block (no block loop), the block axis last when the launch splits. Far from it (B = 1:
+    # 9 against 1.05), the block loop as before; and never without ``whole_grid_within`` (busy experts).
+    cfg = GemmConfig(16, 64, 256)
+    near = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, whole_grid_within=5.0)
+    assert near.block_programs == 35 and near.splits > 1 and near.blocks_last
+    unsplit = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, split=False, whole_grid_within=5.0)
+    assert unsplit.block_programs == 35 and unsplit.splits == 1 and not unsplit.blocks_last
+    far = w4a16.plan_launch(6144, cfg, 8, 9, 1.05, 132, whole_grid_within=5.0)
+    assert far.block_programs == 5 and not far.blocks_last
+    assert w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132) == dataclasses.replace(near, block_programs=18,
+                                                                                  blocks_last=False)  # fmt: skip
+
+
+def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
+    # The same call planned with a program per possible block (the block axis last) and with block loops: the same
+    # splits and K ranges, so the same bits; and both right against float64.
+    case = Case(5, active=8)  # 20 pairs over 64 global experts: 9 possible blocks, 2.2 expected
+    _, _, _, ids, want, args = _inputs(case, gen, device)
+    sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
+    cfg = w4a16.heuristic_config(1)
+    plan = w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
+    bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
+    assert plan.gemm1.block_programs == bound and plan.gemm1.blocks_last == (plan.gemm1.splits > 1)
+    if device.type == "cpu":
+        assert plan.gemm1.blocks_last, "the interpreter's small GPU should make the op split gemm1's K"
+    whole = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    monkeypatch.setattr(w4a16, "WHOLE_GRID_WITHIN", 0.0)
+    assert w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter,
+                            sms).gemm1.block_programs < bound  # fmt: skip
+    looped = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    assert torch.equal(whole, looped)
+    assert _rel(whole, want) < 1e-2
 
 
 def test_a_launch_with_an_empty_split_is_refused(gen, device):

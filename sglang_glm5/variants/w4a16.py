@@ -240,9 +240,11 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 # the programs of the active blocks alone cannot fill the GPU; the K loop is then split.
 
 
-# Grid order of the op's GEMM launches (``launch_gemm1`` ``blocks_last``): an experiment's switch
-# (bench/exp/no_block_loop.py), off.
-BLOCKS_LAST = False
+# At decode, a GEMM launch takes a program per possible routing block when their number is at most this many times
+# the blocks expected (``plan_launch``). H200, GLM-5 EP8 (bench/README.md, run 24): the whole grid measured 0.92-0.98x
+# at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last in both; TP8's
+# decode grids were whole already.
+WHOLE_GRID_WITHIN = 5.0
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
@@ -283,23 +285,30 @@ class Launch:
     block_programs: int
     splits: int
     k_per_split: int  # K elements per split, a multiple of block_k
+    blocks_last: bool = False  # grid (N programs, K splits, block programs): the used blocks' programs launch first
 
 
 def plan_launch(
     k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
-    split: bool = True,
+    split: bool = True, whole_grid_within: float = 0.0,
 ) -> Launch:  # fmt: skip
     """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
     for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``cfg.programs_per_sm``
     (PROGRAMS_PER_SM when 0) per SM.
 
     Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
-    routing costs a second pass of a few programs rather than a launch sized for the worst case.
+    routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
+    the bound is at most ``whole_grid_within`` times the expected blocks, a program per possible block (no
+    block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
+    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
     """
     work = max(1.0, blocks_expected) * n_programs
     want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
     programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
-    return Launch(programs, *k_splits(k_size, cfg.block_k, want))
+    splits, per_split = k_splits(k_size, cfg.block_k, want)
+    if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
+        return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
+    return Launch(programs, splits, per_split)
 
 
 class GemmPlan(NamedTuple):
@@ -320,12 +329,14 @@ def plan_gemms(
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms)
+    within = WHOLE_GRID_WITHIN if num_pairs < num_global_experts else 0.0  # decode: fewer pairs than experts
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1)
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
+                          whole_grid_within=within)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
@@ -380,9 +391,9 @@ def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
     return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
 
 
-def _grid(launch: Launch, n_programs: int, blocks_last: bool) -> tuple[int, int, int]:
-    """(block programs, N programs, K splits), or with ``blocks_last`` (N programs, K splits, block programs)."""
-    if blocks_last:
+def _grid(launch: Launch, n_programs: int) -> tuple[int, int, int]:
+    """(block programs, N programs, K splits), or with ``launch.blocks_last`` (N programs, K splits, block programs)."""
+    if launch.blocks_last:
         return n_programs, launch.splits, launch.block_programs
     return launch.block_programs, n_programs, launch.splits
 
@@ -390,7 +401,7 @@ def _grid(launch: Launch, n_programs: int, blocks_last: bool) -> tuple[int, int,
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False, blocks_last: bool = False,
+    pdl: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
     needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
@@ -408,7 +419,7 @@ def launch_gemm1(
             raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
-    grid = _grid(launch, tiles, blocks_last)
+    grid = _grid(launch, tiles)
     _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
         w_ptr=w13,
@@ -444,7 +455,7 @@ def launch_gemm1(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        BLOCKS_LAST=blocks_last,
+        BLOCKS_LAST=launch.blocks_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -464,7 +475,6 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    blocks_last: bool = False,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -489,7 +499,7 @@ def launch_gemm2(
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
     groups = triton.cdiv(tiles, per_program)
-    grid = _grid(launch, groups, blocks_last)
+    grid = _grid(launch, groups)
     _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
         w_ptr=w2,
@@ -520,7 +530,7 @@ def launch_gemm2(
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
-        BLOCKS_LAST=blocks_last,
+        BLOCKS_LAST=launch.blocks_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -554,14 +564,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
                  up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False), blocks_last=BLOCKS_LAST)  # fmt: skip
+                 pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False), blocks_last=BLOCKS_LAST)  # fmt: skip
+                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
