@@ -83,7 +83,7 @@ def test_tokens_switches_keep_their_meaning():
     value = random.Random().uniform(0, 1e4)
     assert env.get(env.DENSE_PREFILL_MIN_TOKENS, {env.DENSE_PREFILL_MIN_TOKENS.name: repr(value)}) == value
     assert env.get(env.DENSE_PREFILL_MIN_TOKENS, {env.DENSE_PREFILL_MIN_TOKENS.name: "inf"}) == math.inf  # never
-    assert env.get(env.DENSE_PREFILL_MIN_TOKENS, {}) == 384  # the default: between the sizes where each path measured faster on the H200
+    assert env.get(env.DENSE_PREFILL_MIN_TOKENS, {}) == 384  # the default (prefill.py)
     assert env.get(env.W4A4_MIN_TOKENS, {}) is None  # then the tuner's value, else 64
     for text in ("inf", "-1", "nan", "soon"):
         with pytest.raises(env.EnvError, match="SGLANG_GLM5_W4A4_MIN_TOKENS: expected a number of tokens"):
