@@ -1,5 +1,7 @@
 """Experiment: split-K decode launches with a program per possible routing block instead of block loops.
 
+Runs at commit e020781 (its result became the op's rule, ``variants.w4a16.WHOLE_GRID_WITHIN``; bench/README.md run 24).
+
 With a K split the op sizes grid axis 0 for about twice the expected blocks and lets each program walk the used
 blocks (``BLOCK_LOOP``; ``variants.w4a16.plan_launch``). Compiled that way the GEMMs take 40-80 more registers a
 thread (sm_90 AOT, Triton 3.8: gemm1 16x64x256-w4-s3 223 against 149 at 2 splits, 255 with a spill against 174 at

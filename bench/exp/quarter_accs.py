@@ -1,5 +1,7 @@
 """Experiment: an accumulator per K quarter in the W4A16 GEMMs (``QUARTER_ACCS``), against one accumulator.
 
+Runs at commit 094622e (the switch was reverted in 98d0ff0: slower everywhere, bench/README.md run 24).
+
 Each K step of the W4A16 kernels is four quarter-width dots on the decoded weights (kernels/nvfp4_moe.py). Chained
 on one accumulator, Triton waits for each wgmma before the next dot of the same loop iteration (``pendings = 0`` in
 the TTGIR, ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after every dot in the SASS), so a warpgroup either decodes or

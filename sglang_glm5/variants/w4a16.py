@@ -153,14 +153,20 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
 # gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
 # differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
-# (the number of splits changes the unrolled reduction, held in registers, not the shared memory) and
-# with the block loop (a split is planned when few blocks are expected, so it comes with the loop).
+# (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
+# the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
+# last (the grid's order changes no shared memory).
 FORMS = {
-    "gemm1": ({"SPLITS": 1, "BLOCK_LOOP": False}, {"SPLITS": 2, "BLOCK_LOOP": True}),
+    "gemm1": (
+        {"SPLITS": 1, "BLOCK_LOOP": False},
+        {"SPLITS": 2, "BLOCK_LOOP": True},
+        {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
+    ),
     "gemm2": (
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
     ),
 }
 
@@ -170,6 +176,7 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
         "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
         "PDL": False,  # two instructions, no shared memory
+        "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
     }  # fmt: skip
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
