@@ -8,7 +8,7 @@ share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
     gemm2:   y[p, :]   = topk_weight[p] * (W2[e] @ h[p])                                 -> [P, H]
     reduce:  out[t, :] = sum over slots j with topk_ids[t, j] valid of y[t * k + j]      -> [T, H]
 
-At decode few experts are active, so both GEMMs may split K over grid axis 2 (SPLITS): gemm1's last
+At decode few experts are active, so both GEMMs may split K over a grid axis (SPLITS): gemm1's last
 program of a tile adds the fp32 partials in split order and applies SiLU * up; gemm2's fp32
 partials [SPLITS, P, H] are added by the reduce, slots then splits (``docs/decode.md``).
 
@@ -407,7 +407,7 @@ def nvfp4_moe_gemm1_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
-    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; the last program of a tile to finish adds them
+    SPLITS: tl.constexpr,  # the split axis (_pid) splits K in SPLITS; the last program of a tile to finish adds them
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
@@ -553,7 +553,7 @@ def nvfp4_moe_gemm2_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,  # inter_size % BLOCK_K == 0: no K masks
     MULTI_TILE: tl.constexpr,  # programs walk several N tiles (grid axis 1 < N tiles); see below
-    SPLITS: tl.constexpr,  # grid axis 2 splits K in SPLITS; moe_sum_kernel adds the fp32 partials in split order
+    SPLITS: tl.constexpr,  # the split axis (_pid) splits K; moe_sum_kernel adds the fp32 partials in split order
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
     LAYOUT: tl.constexpr,  # the weights' layout (as gemm1)
     INTERPRETER: tl.constexpr,
