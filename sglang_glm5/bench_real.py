@@ -106,6 +106,22 @@ def grouped_mm_moe(x_sorted, w13_t, w2_t, offs, inter):
     return torch._grouped_mm(h, w2_t, offs=offs)
 
 
+def sorted_slots(x, ids, num_experts: int):
+    """The bf16 baseline's inputs: (rows of x for each valid slot, sorted by expert, [P', H]; each expert's end row in
+    them, int32 [E]; the flat slot index of each row, [P'])."""
+    flat = ids.reshape(-1).long()
+    keep = torch.nonzero(flat >= 0).squeeze(1)
+    order = keep[torch.argsort(flat[keep], stable=True)]
+    offs = torch.cumsum(torch.bincount(flat[keep], minlength=num_experts), 0).to(torch.int32)
+    return x[order // TOP_K].contiguous(), offs, order
+
+
+def slot_sum(y_sorted, order, weights, num_tokens: int):
+    """[T, H] fp32: the sorted rows of ``grouped_mm_moe`` times their top-k weights, added per token."""
+    y = y_sorted.float() * weights.reshape(-1)[order, None]
+    return torch.zeros(num_tokens, y.shape[1], device=y.device).index_add_(0, order // TOP_K, y)
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import triton.testing
@@ -178,14 +194,7 @@ def run(
         floor = sum(touched) / n * layout.expert_bytes / bw * 1e3
         ms_bf16, err = None, float("nan")
         if baselines:
-            sorted_inputs = []
-            for x, weights, ids in inputs:
-                flat = ids.reshape(-1).long()
-                keep = torch.nonzero(flat >= 0).squeeze(1)
-                order = keep[torch.argsort(flat[keep], stable=True)]
-                counts = torch.bincount(flat[keep], minlength=layout.num_experts)
-                offs = torch.cumsum(counts, 0).to(torch.int32)
-                sorted_inputs.append((x[order // TOP_K].contiguous(), offs, order, weights))
+            sorted_inputs = [(*sorted_slots(x, ids, layout.num_experts), weights) for x, weights, ids in inputs]
 
             def bf16(sorted_inputs=sorted_inputs):
                 for xs, offs, _, _ in sorted_inputs:
@@ -196,8 +205,7 @@ def run(
             x, weights, ids = inputs[0]
             xs, offs, order, _ = sorted_inputs[0]
             got = fused_moe(x, bundles[0], weights, ids, **kwargs).float()
-            y = grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter).float() * weights.reshape(-1)[order, None]
-            ref = torch.zeros(batch, layout.hidden, device="cuda").index_add_(0, order // TOP_K, y)
+            ref = slot_sum(grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter), order, weights, batch)
             err = (
                 ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item() if ref.norm() > 0 else float(got.abs().max())
             )

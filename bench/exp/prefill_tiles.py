@@ -50,15 +50,6 @@ def parse(label: str) -> GemmConfig:
     return GemmConfig(m, n, k, int(w[1:]), int(s[1:]))
 
 
-def sorted_slots(x, weights, ids, num_experts):
-    """The bf16 baseline's inputs: rows of x per valid slot sorted by expert, group ends, and the order."""
-    flat = ids.reshape(-1).long()
-    keep = torch.nonzero(flat >= 0).squeeze(1)
-    order = keep[torch.argsort(flat[keep], stable=True)]
-    offs = torch.cumsum(torch.bincount(flat[keep], minlength=num_experts), 0).to(torch.int32)
-    return x[order // bench_real.TOP_K].contiguous(), offs, order
-
-
 def ms(fn) -> float:
     return bench_real._time(fn, False, 1)
 
@@ -72,7 +63,7 @@ def run_layout(name: str, gen: torch.Generator, bw: float) -> list[dict]:
     for batch in BATCHES:
         weights, ids = bench_real.real_routing(batch, layout, gen)
         x = torch.randn(batch, layout.hidden, generator=gen, device="cuda").bfloat16()
-        xs, offs, order = sorted_slots(x, weights, ids, layout.num_experts)
+        xs, offs, order = bench_real.sorted_slots(x, ids, layout.num_experts)
         cached = cached_config(layout, batch)
 
         def op(config, x=x, weights=weights, ids=ids):
@@ -115,8 +106,7 @@ def run_layout(name: str, gen: torch.Generator, bw: float) -> list[dict]:
         for _ in range(REPEATS):
             for k, f in fixed.items():
                 rounds[k].append(ms(f))
-        y = bf16().float() * weights.reshape(-1)[order, None]
-        bref = torch.zeros(batch, layout.hidden, device="cuda").index_add_(0, order // bench_real.TOP_K, y)
+        bref = bench_real.slot_sum(bf16(), order, weights, batch)
         err = float((op(combo).float() - bref).norm() / bref.norm())
         kernels = {k: kernel_us(fixed[k], 1) for k in ("cached", "combo")}
         med = {k: statistics.median(v) for k, v in rounds.items()}
