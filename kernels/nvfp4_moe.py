@@ -413,21 +413,36 @@ def nvfp4_moe_gemm1_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)
+    ROUNDS: tl.constexpr = 0,  # with BLOCK_LOOP: 0 = a loop over the used blocks; R > 0 = R unrolled rounds of it
+    REDUCE_AT_ONCE: tl.constexpr = 0,  # split partials loaded together in the reduction (0 = all SPLITS)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
-    bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
-    partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
-    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
+    bound on blocks, and idle programs cost one load; with ROUNDS that walk is unrolled (programs x ROUNDS
+    covers every possible block), which costs fewer registers than the loop. With SPLITS > 1, each program
+    writes its fp32 partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the
+    partials in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     after_previous_launch(PDL)
-    if BLOCK_LOOP:
+    if BLOCK_LOOP and ROUNDS > 0:
+        used = tl.load(used_blocks_ptr)
+        for r in tl.static_range(ROUNDS):
+            pid_m = _pid(0, BLOCKS_LAST) + r * _nprog(0, BLOCKS_LAST)
+            if pid_m < used:
+                _gemm1_block(
+                    pid_m, tl.load(block_expert_ptr + pid_m),
+                    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
+                    inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                    stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
+                    LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
+                )  # fmt: skip
+    elif BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -437,7 +452,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
             )  # fmt: skip
 
 
@@ -450,6 +465,7 @@ def _gemm1_block(
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
     LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
+    REDUCE_AT_ONCE: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -493,13 +509,19 @@ def _gemm1_block(
         last = arrived == SPLITS - 1
         if last:
             tl.store(counter_ptr + pid_m * _nprog(1, BLOCKS_LAST) + pid_n, 0)  # ready for a launch without a route
-            # Unrolled, so that all SPLITS loads are in flight together; added in split order.
+            # Added in split order, from zero. AT_ONCE splits' loads are in flight together (unrolled): all of them
+            # cost registers that grow with SPLITS (gemm1 16x64x128-w4-s4 for sm_90 at 8 splits: 148 a thread
+            # against 96 two at a time), rounds of a few cost a wait each. A masked-off split adds +0.0: the
+            # same bits (a sum that starts at +0.0 is never -0.0).
+            AT_ONCE: tl.constexpr = REDUCE_AT_ONCE if (REDUCE_AT_ONCE > 0) & (REDUCE_AT_ONCE < SPLITS) else SPLITS
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for split in tl.static_range(SPLITS):
-                acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
-                acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
+            for first in range(0, SPLITS, AT_ONCE):
+                for j in tl.static_range(AT_ONCE):
+                    ok = mask & (first + j < SPLITS)
+                    acc_g += tl.load(p_ptrs + (first + j) * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
+                    acc_u += tl.load(p_ptrs + (first + j) * split_stride + inter_size, mask=ok, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
     if last:
         gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
         gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
@@ -559,6 +581,7 @@ def nvfp4_moe_gemm2_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
+    ROUNDS: tl.constexpr = 0,  # with BLOCK_LOOP: 0 = a loop over the used blocks; R > 0 = R unrolled rounds (gemm1)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -566,7 +589,18 @@ def nvfp4_moe_gemm2_kernel(
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
     restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
-    if BLOCK_LOOP:
+    if BLOCK_LOOP and ROUNDS > 0:
+        used = tl.load(used_blocks_ptr)
+        for r in tl.static_range(ROUNDS):
+            pid_m = _pid(0, BLOCKS_LAST) + r * _nprog(0, BLOCKS_LAST)
+            if pid_m < used:
+                _gemm2_block(
+                    pid_m, tl.load(block_expert_ptr + pid_m),
+                    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
+                    inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
+                    BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                )  # fmt: skip
+    elif BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm2_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),

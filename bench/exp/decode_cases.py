@@ -76,3 +76,50 @@ def kernel_us(fn, calls: int) -> dict[str, float]:
                     name = short
             total[name] += ev.device_time_total
     return {k: v / (reps * calls) for k, v in total.items()}
+
+
+def compare_variants(out, name: str, variants: dict, batches, seed: int, repeats: int = 3) -> list[dict]:
+    """Time the op at real routing under each variant (name -> a function that sets it up; the first is the
+    reference), round-robin ``repeats`` times per case from CUDA graphs over the case's routings, with each
+    kernel's device time, whether the outputs are bit-identical to the reference's and their largest relative
+    difference. Prints a line per case and writes ``out/name.json``. The last variant's setup stays in force:
+    callers restore what they changed."""
+    import json
+    import statistics
+
+    from sglang_glm5.moe import fused_moe
+
+    gen = generator(seed)
+    bw = bench_real.copy_bandwidth()
+    rows = []
+    first = next(iter(variants))
+    for layout_name, layout, bundles, batch, inputs in cases(gen, batches):
+
+        def call(inputs=inputs, bundles=bundles):
+            for i, (x, w, ids) in enumerate(inputs):
+                fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS)
+
+        times = {v: [] for v in variants}
+        outs, kernels = {}, {}
+        for rep in range(repeats):
+            for v, setup in variants.items():
+                setup()
+                times[v].append(bench_real._time(call, True, len(inputs)))
+                if rep == 0:
+                    outs[v] = [fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS) for i, (x, w, ids) in
+                               enumerate(inputs)]  # fmt: skip
+                    kernels[v] = kernel_us(call, len(inputs))
+        same = {v: all(torch.equal(a, b) for a, b in zip(outs[first], outs[v], strict=True)) for v in variants}
+        rel = {v: max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in
+                      zip(outs[v], outs[first], strict=True)) for v in variants}  # fmt: skip
+        floor = floor_ms(inputs, layout, bw)
+        med = {v: statistics.median(t) for v, t in times.items()}
+        rows.append({"layout": layout_name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
+                     "bit_identical": same, "rel_diff": rel})  # fmt: skip
+        cells = " | ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f}"
+                           f"{'' if same[v] else f', rel diff {rel[v]:.1e}'})" for v in variants)  # fmt: skip
+        print(f"{layout_name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cells}", flush=True)
+        for v, ks in kernels.items():
+            print(f"    {v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())), flush=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows

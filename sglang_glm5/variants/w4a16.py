@@ -160,12 +160,14 @@ FORMS = {
     "gemm1": (
         {"SPLITS": 1, "BLOCK_LOOP": False},
         {"SPLITS": 2, "BLOCK_LOOP": True},
+        {"SPLITS": 2, "BLOCK_LOOP": True, "ROUNDS": 2},
         {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
     ),
     "gemm2": (
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "ROUNDS": 2},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
     ),
 }
@@ -177,7 +179,10 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
         "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
         "PDL": False,  # two instructions, no shared memory
         "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
+        "ROUNDS": 0,  # the block loop's unrolled rounds (set by the forms that use them)
     }  # fmt: skip
+    if kernel == "gemm1":
+        consts["REDUCE_AT_ONCE"] = REDUCE_AT_ONCE  # registers, not shared memory; compiled as the op runs it
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
@@ -252,6 +257,13 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 # at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last in both; TP8's
 # decode grids were whole already.
 WHOLE_GRID_WITHIN = 5.0
+# A block loop of at most this many rounds is unrolled (``Launch.rounds``): sm_90 AOT, Triton 3.8, gemm1
+# 16x64x256-w4-s3 at 4 splits 155 registers a thread in 2 rounds against 223 in the loop; 16x128x256-w4-s3 238 against
+# 255 and a 384 B spill. 0: always the loop.
+MAX_BLOCK_ROUNDS = 4
+# gemm1's split reduction loads this many splits' partials at a time (``REDUCE_AT_ONCE`` in the kernel; 0 = all):
+# all at once, the registers grow with the split count (16x64x128-w4-s4 at 8 splits: 148 against 96).
+REDUCE_AT_ONCE = 2
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
@@ -293,6 +305,7 @@ class Launch:
     splits: int
     k_per_split: int  # K elements per split, a multiple of block_k
     blocks_last: bool = False  # grid (N programs, K splits, block programs): the used blocks' programs launch first
+    rounds: int = 0  # block programs x rounds >= the possible blocks: the block loop unrolled; 0 = the loop
 
 
 def plan_launch(
@@ -307,7 +320,8 @@ def plan_launch(
     routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
     the bound is at most ``whole_grid_within`` times the expected blocks, a program per possible block (no
     block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
-    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
+    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``). Otherwise a block
+    loop of at most MAX_BLOCK_ROUNDS rounds is unrolled, over as few programs as that many rounds need.
     """
     work = max(1.0, blocks_expected) * n_programs
     want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
@@ -315,6 +329,8 @@ def plan_launch(
     splits, per_split = k_splits(k_size, cfg.block_k, want)
     if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
         return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
+    if programs < blocks_bound and (rounds := math.ceil(blocks_bound / programs)) <= MAX_BLOCK_ROUNDS:
+        return Launch(math.ceil(blocks_bound / rounds), splits, per_split, rounds=rounds)
     return Launch(programs, splits, per_split)
 
 
@@ -388,9 +404,11 @@ def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
     return triton.cdiv(steps, per_split), per_split * block_k
 
 
-def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
+def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int, blocks: int) -> None:
     if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
         raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
+    if launch.rounds and launch.block_programs * launch.rounds < blocks:
+        raise ValueError(f"launch: {launch} covers {launch.block_programs * launch.rounds} of {blocks} possible blocks")
 
 
 def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
@@ -417,7 +435,7 @@ def launch_gemm1(
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
-    _check_launch(launch, cfg, x.shape[1])
+    _check_launch(launch, cfg, x.shape[1], route.block_expert.numel())
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
@@ -463,6 +481,8 @@ def launch_gemm1(
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
+        ROUNDS=launch.rounds,
+        REDUCE_AT_ONCE=REDUCE_AT_ONCE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -498,7 +518,7 @@ def launch_gemm2(
         raise ValueError(f"per_program: expected N tiles per program >= 1, got {per_program}")
     per_program = min(per_program, tiles)
     launch = launch or _whole_grid(route, cfg, h.shape[1])
-    _check_launch(launch, cfg, h.shape[1])
+    _check_launch(launch, cfg, h.shape[1], route.block_expert.numel())
     split = launch.splits > 1
     if split and per_program > 1:
         raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
@@ -538,6 +558,7 @@ def launch_gemm2(
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
+        ROUNDS=launch.rounds,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
