@@ -413,36 +413,21 @@ def nvfp4_moe_gemm1_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)
-    ROUNDS: tl.constexpr = 0,  # with BLOCK_LOOP: 0 = a loop over the used blocks; R > 0 = R unrolled rounds of it
-    REDUCE_AT_ONCE: tl.constexpr = 0,  # split partials loaded together in the reduction (0 = all SPLITS)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
-    bound on blocks, and idle programs cost one load; with ROUNDS that walk is unrolled (programs x ROUNDS
-    covers every possible block), which costs fewer registers than the loop. With SPLITS > 1, each program
-    writes its fp32 partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the
-    partials in split order, so the result does not depend on which program that is, and applies SiLU * up."""
+    bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
+    partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
+    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
     after_previous_launch(PDL)
-    if BLOCK_LOOP and ROUNDS > 0:
-        used = tl.load(used_blocks_ptr)
-        for r in tl.static_range(ROUNDS):
-            pid_m = _pid(0, BLOCKS_LAST) + r * _nprog(0, BLOCKS_LAST)
-            if pid_m < used:
-                _gemm1_block(
-                    pid_m, tl.load(block_expert_ptr + pid_m),
-                    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
-                    inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
-                    stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                    LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
-                )  # fmt: skip
-    elif BLOCK_LOOP:
+    if BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -452,7 +437,7 @@ def nvfp4_moe_gemm1_kernel(
                 x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
                 inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, REDUCE_AT_ONCE,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
             )  # fmt: skip
 
 
@@ -465,7 +450,6 @@ def _gemm1_block(
     gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
     LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
-    REDUCE_AT_ONCE: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -509,19 +493,13 @@ def _gemm1_block(
         last = arrived == SPLITS - 1
         if last:
             tl.store(counter_ptr + pid_m * _nprog(1, BLOCKS_LAST) + pid_n, 0)  # ready for a launch without a route
-            # Added in split order, from zero. AT_ONCE splits' loads are in flight together (unrolled): all of them
-            # cost registers that grow with SPLITS (gemm1 16x64x128-w4-s4 for sm_90 at 8 splits: 148 a thread
-            # against 96 two at a time), rounds of a few cost a wait each. A masked-off split adds +0.0: the
-            # same bits (a sum that starts at +0.0 is never -0.0).
-            AT_ONCE: tl.constexpr = REDUCE_AT_ONCE if (REDUCE_AT_ONCE > 0) & (REDUCE_AT_ONCE < SPLITS) else SPLITS
+            # Unrolled, so that all SPLITS loads are in flight together; added in split order.
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for first in range(0, SPLITS, AT_ONCE):
-                for j in tl.static_range(AT_ONCE):
-                    ok = mask & (first + j < SPLITS)
-                    acc_g += tl.load(p_ptrs + (first + j) * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
-                    acc_u += tl.load(p_ptrs + (first + j) * split_stride + inter_size, mask=ok, other=0.0,
-                                     cache_modifier=".cg")  # fmt: skip
+            for split in tl.static_range(SPLITS):
+                acc_g += tl.load(p_ptrs + split * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+                acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
     if last:
         gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
         gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
@@ -581,7 +559,7 @@ def nvfp4_moe_gemm2_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
-    ROUNDS: tl.constexpr = 0,  # with BLOCK_LOOP: 0 = a loop over the used blocks; R > 0 = R unrolled rounds (gemm1)
+    HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -589,24 +567,13 @@ def nvfp4_moe_gemm2_kernel(
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
     restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
-    if BLOCK_LOOP and ROUNDS > 0:
-        used = tl.load(used_blocks_ptr)
-        for r in tl.static_range(ROUNDS):
-            pid_m = _pid(0, BLOCKS_LAST) + r * _nprog(0, BLOCKS_LAST)
-            if pid_m < used:
-                _gemm2_block(
-                    pid_m, tl.load(block_expert_ptr + pid_m),
-                    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
-                    inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                    BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
-                )  # fmt: skip
-    elif BLOCK_LOOP:
+    if BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm2_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -615,7 +582,7 @@ def nvfp4_moe_gemm2_kernel(
                 _pid(0, BLOCKS_LAST), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
             )  # fmt: skip
 
 
@@ -627,7 +594,7 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
+    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -641,7 +608,24 @@ def _gemm2_block(
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
-    if not MULTI_TILE:
+    if HALVES:
+        HALF: tl.constexpr = BLOCK_N // 2
+        offs_a, a_ok, offs_a_safe = tile_columns(pid_n * 2, hidden_size, HALF)
+        offs_b, b_ok, offs_b_safe = tile_columns(pid_n * 2 + 1, hidden_size, HALF)
+        wa_rows, sa_rows = expert_rows(w_ptr, ws_ptr, expert, offs_a_safe, stride_we, stride_wn, stride_se, stride_sn)
+        wb_rows, sb_rows = expert_rows(w_ptr, ws_ptr, expert, offs_b_safe, stride_we, stride_wn, stride_se, stride_sn)
+        acc_a = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+        acc_b = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            acc_a = _nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
+                               INTERPRETER)  # fmt: skip
+            acc_b = _nvfp4_dot(acc_b, wb_rows, sb_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
+                               INTERPRETER)  # fmt: skip
+        let_next_launch(PDL)
+        _gemm2_store(acc_a, y_ptr, pair_safe, row_ok, offs_a, a_ok, scale, stride_yt, INTERPRETER)
+        _gemm2_store(acc_b, y_ptr, pair_safe, row_ok, offs_b, b_ok, scale, stride_yt, INTERPRETER)
+    elif not MULTI_TILE:
         offs_n, n_ok, offs_n_safe = tile_columns(pid_n, hidden_size, BLOCK_N)
         w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

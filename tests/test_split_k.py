@@ -17,7 +17,7 @@ import torch
 from sglang_glm5 import env, hardware, moe, routing
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
-from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import w4a16
 from sglang_glm5.weights import Nvfp4MoeWeights
 
@@ -88,7 +88,7 @@ def test_op_with_few_active_experts_matches_float64_reference(case, gen, device)
 
 
 @pytest.mark.parametrize("splits", [2, 3, 5])
-def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, device, monkeypatch):
+def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, device):
     # gemm1 split in K: the last program of a tile adds the fp32 partials in split order; gemm2 split in
     # K: fp32 partials that sum_over_slots adds. Each against the unsplit launch (close: the fp32 sums
     # are grouped differently) and against itself (identical bits).
@@ -127,9 +127,6 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
     assert not h1[valid].isnan().any() and not hs[valid].isnan().any(), "every local pair's row is written"
     assert _rel(hs[valid], h1[valid].cpu().double()) < 1e-2
     assert torch.equal(hs[valid], gemm1(splits)[valid])
-    for at_once in (0, 1, 2, 4):  # gemm1's reduction, the partials loaded all at once or a few at a time: same order
-        monkeypatch.setattr(w4a16, "REDUCE_AT_ONCE", at_once)
-        assert torch.equal(hs[valid], gemm1(splits)[valid]), f"{splits} splits added {at_once or 'all'} at a time"
     o1, os_ = gemm2(1, h1), gemm2(splits, h1)
     assert _rel(os_, o1.cpu().double()) < 1e-2
     assert torch.equal(os_, gemm2(splits, h1))
@@ -145,10 +142,7 @@ def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     assert few.splits > 1 and few.k_per_split % 256 == 0 and few.splits * few.k_per_split >= 6144
     assert (few.splits - 1) * few.k_per_split < 6144, "no split is empty"
     assert many.splits == 1 and many.block_programs == 96
-    # Twice the expected blocks and two more (4), within the bound: 9 possible blocks in 3 unrolled rounds of the
-    # block loop, over 3 programs; the loop itself (MAX_BLOCK_ROUNDS 0 or more rounds than it) on 4.
-    assert (few.block_programs, few.rounds) == (3, 3)
-    assert w4a16.plan_launch(6144, cfg, 32, 17, 1.0, 132).rounds == 0, "17 blocks on 4 programs: 5 rounds, a loop"
+    assert few.block_programs == 4, "twice the expected blocks and two more, within the bound"
     assert w4a16.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
     fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
     assert w4a16.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16.Launch(96, 5, 1280)
@@ -165,14 +159,14 @@ def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
     unsplit = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, split=False, whole_grid_within=5.0)
     assert unsplit.block_programs == 35 and unsplit.splits == 1 and not unsplit.blocks_last
     far = w4a16.plan_launch(6144, cfg, 8, 9, 1.05, 132, whole_grid_within=5.0)
-    assert (far.block_programs, far.rounds) == (5, 2) and not far.blocks_last
-    looped = dataclasses.replace(near, block_programs=18, blocks_last=False, rounds=2)  # 35 blocks: 2 rounds of 18
-    assert w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132) == looped
+    assert far.block_programs == 5 and not far.blocks_last
+    assert w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132) == dataclasses.replace(near, block_programs=18,
+                                                                                  blocks_last=False)  # fmt: skip
 
 
 def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
-    # The same call planned with a program per possible block (the block axis last), with the block loop unrolled in
-    # rounds, and with the loop: the same splits and K ranges, so the same bits; and right against float64.
+    # The same call planned with a program per possible block (the block axis last) and with block loops: the same
+    # splits and K ranges, so the same bits; and both right against float64.
     case = Case(5, active=8)  # 20 pairs over 64 global experts: 9 possible blocks, 2.2 expected
     _, _, _, ids, want, args = _inputs(case, gen, device)
     sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
@@ -184,15 +178,28 @@ def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
         assert plan.gemm1.blocks_last, "the interpreter's small GPU should make the op split gemm1's K"
     whole = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
     monkeypatch.setattr(w4a16, "WHOLE_GRID_WITHIN", 0.0)
-    rounds = w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
-    assert rounds.gemm1.block_programs < bound and rounds.gemm1.rounds > 1 and rounds.gemm2.rounds > 1
-    unrolled = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(w4a16, "MAX_BLOCK_ROUNDS", 0)
-    loop = w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
-    assert loop.gemm1.rounds == 0 and loop.gemm1.block_programs < bound
+    assert w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter,
+                            sms).gemm1.block_programs < bound  # fmt: skip
     looped = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    assert torch.equal(whole, unrolled) and torch.equal(whole, looped)
+    assert torch.equal(whole, looped)
     assert _rel(whole, want) < 1e-2
+
+
+def test_gemm2_halves_give_the_one_tile_bits(gen, device, monkeypatch):
+    # gemm2's 128-row tile as two halves of 64 rows (w4a16.halves): each output row sums the same products in the
+    # same order, so the same bits; H = 320 leaves the last tile's second half out of range.
+    layer = random_layer(4, 320, 192, gen)
+    weights, ids = random_routing(5, 4, 2, gen)
+    x = torch.randn(5, 320, generator=gen).bfloat16()
+    cfg = MoeConfig(GemmConfig(16, 64, 64), GemmConfig(16, 128, 64))
+    assert w4a16.halves(cfg.gemm2, 1) and not w4a16.halves(cfg.gemm2, 2)
+    assert not w4a16.halves(GemmConfig(16, 128, 64, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
+    args = [t.to(device) for t in (x, *layer.args(), weights, ids)]
+    split = moe.nvfp4_fused_moe(*args, config=cfg)
+    monkeypatch.setattr(w4a16, "GEMM2_HALVES", False)
+    whole = moe.nvfp4_fused_moe(*args, config=cfg)
+    assert torch.equal(split, whole)
+    assert _rel(split, nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)) < 1e-2
 
 
 def test_a_launch_with_an_empty_split_is_refused(gen, device):
@@ -205,12 +212,6 @@ def test_a_launch_with_an_empty_split_is_refused(gen, device):
     with pytest.raises(ValueError, match="leaves a K split empty"):  # K = 128: two steps, not three
         w4a16.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
                          routing.interpreting(), per_program=1, launch=w4a16.Launch(1, 3, 64))  # fmt: skip
-    # Unrolled rounds must reach every possible block: one program in one round leaves the rest unread.
-    assert route.block_expert.numel() > 1
-    with pytest.raises(ValueError, match="possible blocks"):
-        w4a16.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route,
-                           y[0].bfloat16(), cfg, routing.interpreting(), per_program=1,
-                           launch=w4a16.Launch(1, 1, 128, rounds=1))  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

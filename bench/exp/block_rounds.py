@@ -1,5 +1,7 @@
 """Experiment: the block loop unrolled in rounds, and gemm1's split reduction a few partials at a time.
 
+Runs at commit 61d831b, which has both switches (neither kept: bench/README.md run 25; reverted after it).
+
 Both trade latency for registers. A GEMM launch with fewer block programs than possible routing blocks walks the
 used blocks in a loop (``BLOCK_LOOP``), which costs 40-80 registers a thread and spills some tiles (sm_90 AOT,
 Triton 3.8: gemm1 16x128x256-w4-s3 at 12 splits 255 and a 280 B spill); unrolled in at most

@@ -1,5 +1,7 @@
 """Experiment: decode tiles of fewer registers, now that neither the block loop nor the split reduction adds them.
 
+Runs at commit 61d831b, which has both switches (the cached tiles won: bench/README.md run 25; reverted after it).
+
 With the block loop unrolled in rounds and gemm1's split partials added two at a time (``w4a16.MAX_BLOCK_ROUNDS``,
 ``REDUCE_AT_ONCE``), gemm1 16x64x128-w4-s4 compiles to 96 registers a thread at 12 splits (sm_90 AOT, Triton 3.8;
 161 in the loop), 5 programs of 4 warps per SM against 2 for the cached 16x128x256-w4-s3 (shared memory holds that

@@ -155,20 +155,20 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
 # (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
-# last (the grid's order changes no shared memory).
+# last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
+# take them.
 FORMS = {
     "gemm1": (
         {"SPLITS": 1, "BLOCK_LOOP": False},
         {"SPLITS": 2, "BLOCK_LOOP": True},
-        {"SPLITS": 2, "BLOCK_LOOP": True, "ROUNDS": 2},
         {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
     ),
     "gemm2": (
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
-        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "ROUNDS": 2},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # only where ``halves`` allows it
     ),
 }
 
@@ -179,17 +179,17 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
         "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
         "PDL": False,  # two instructions, no shared memory
         "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
-        "ROUNDS": 0,  # the block loop's unrolled rounds (set by the forms that use them)
     }  # fmt: skip
-    if kernel == "gemm1":
-        consts["REDUCE_AT_ONCE"] = REDUCE_AT_ONCE  # registers, not shared memory; compiled as the op runs it
+    if kernel == "gemm2":
+        consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
-    return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in FORMS[kernel])
+    forms = [f for f in FORMS[kernel] if not f.get("HALVES") or halves(cfg, 1)]
+    return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
@@ -257,13 +257,14 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 # at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last in both; TP8's
 # decode grids were whole already.
 WHOLE_GRID_WITHIN = 5.0
-# A block loop of at most this many rounds is unrolled (``Launch.rounds``): sm_90 AOT, Triton 3.8, gemm1
-# 16x64x256-w4-s3 at 4 splits 155 registers a thread in 2 rounds against 223 in the loop; 16x128x256-w4-s3 238 against
-# 255 and a 384 B spill. 0: always the loop.
-MAX_BLOCK_ROUNDS = 4
-# gemm1's split reduction loads this many splits' partials at a time (``REDUCE_AT_ONCE`` in the kernel; 0 = all):
-# all at once, the registers grow with the split count (16x64x128-w4-s4 at 8 splits: 148 against 96).
-REDUCE_AT_ONCE = 2
+# gemm2 computes a 4-warp N tile of 128 rows or more as two halves, one after the other, when it walks one tile per
+# program (``halves``): the decoded weights of one half in registers at a time (sm_90 AOT, Triton 3.8:
+# 16x128x256-w4-s3 147 registers a thread against 228, 3 programs per SM instead of 2). H200, GLM-5 EP8, with the
+# whole grid up to 8 pairs per expert: B = 128 0.98x, B = 256 0.96x, B = 16 0.99x the op (bench/README.md, run 25).
+GEMM2_HALVES = True
+# ``WHOLE_GRID_WITHIN`` applies up to this many pairs per expert of the routing (GLM-5: B <= 256 tokens), the sizes
+# where it was measured; above, the block loop.
+WHOLE_GRID_PAIRS_PER_EXPERT = 8
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
@@ -305,7 +306,6 @@ class Launch:
     splits: int
     k_per_split: int  # K elements per split, a multiple of block_k
     blocks_last: bool = False  # grid (N programs, K splits, block programs): the used blocks' programs launch first
-    rounds: int = 0  # block programs x rounds >= the possible blocks: the block loop unrolled; 0 = the loop
 
 
 def plan_launch(
@@ -320,8 +320,7 @@ def plan_launch(
     routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
     the bound is at most ``whole_grid_within`` times the expected blocks, a program per possible block (no
     block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
-    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``). Otherwise a block
-    loop of at most MAX_BLOCK_ROUNDS rounds is unrolled, over as few programs as that many rounds need.
+    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
     """
     work = max(1.0, blocks_expected) * n_programs
     want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
@@ -329,8 +328,6 @@ def plan_launch(
     splits, per_split = k_splits(k_size, cfg.block_k, want)
     if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
         return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
-    if programs < blocks_bound and (rounds := math.ceil(blocks_bound / programs)) <= MAX_BLOCK_ROUNDS:
-        return Launch(math.ceil(blocks_bound / rounds), splits, per_split, rounds=rounds)
     return Launch(programs, splits, per_split)
 
 
@@ -352,7 +349,7 @@ def plan_gemms(
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
-    within = WHOLE_GRID_WITHIN if num_pairs < num_global_experts else 0.0  # decode: fewer pairs than experts
+    within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
@@ -404,11 +401,9 @@ def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
     return triton.cdiv(steps, per_split), per_split * block_k
 
 
-def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int, blocks: int) -> None:
+def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
     if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
         raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
-    if launch.rounds and launch.block_programs * launch.rounds < blocks:
-        raise ValueError(f"launch: {launch} covers {launch.block_programs * launch.rounds} of {blocks} possible blocks")
 
 
 def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
@@ -435,7 +430,7 @@ def launch_gemm1(
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
-    _check_launch(launch, cfg, x.shape[1], route.block_expert.numel())
+    _check_launch(launch, cfg, x.shape[1])
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
@@ -481,8 +476,6 @@ def launch_gemm1(
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
-        ROUNDS=launch.rounds,
-        REDUCE_AT_ONCE=REDUCE_AT_ONCE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -497,6 +490,12 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     per program was 1-9% faster than several.
     """
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
+
+
+def halves(cfg: GemmConfig, per_program: int) -> bool:
+    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, 4 warps (one
+    warp group: each half keeps 64 rows a wgmma) and at least 128 rows."""
+    return GEMM2_HALVES and per_program == 1 and cfg.num_warps == 4 and cfg.block_n >= 128
 
 
 def launch_gemm2(
@@ -518,7 +517,7 @@ def launch_gemm2(
         raise ValueError(f"per_program: expected N tiles per program >= 1, got {per_program}")
     per_program = min(per_program, tiles)
     launch = launch or _whole_grid(route, cfg, h.shape[1])
-    _check_launch(launch, cfg, h.shape[1], route.block_expert.numel())
+    _check_launch(launch, cfg, h.shape[1])
     split = launch.splits > 1
     if split and per_program > 1:
         raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
@@ -552,13 +551,13 @@ def launch_gemm2(
         BLOCK_K=cfg.block_k,
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
+        HALVES=halves(cfg, per_program),
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
-        ROUNDS=launch.rounds,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,

@@ -1,0 +1,44 @@
+"""Experiment: gemm2's 128-row N tiles as two halves of 64 rows, one after the other.
+
+gemm2 decodes a whole [BLOCK_N, BLOCK_K] weight tile before its dots, so 16x128x256-w4-s3 (the h200 cache's EP8
+pick from 4 to 8 tokens per expert) holds 128 rows of decoded weights in registers: 228 a thread (sm_90 AOT, Triton
+3.8), 2 programs of 4 warps per SM. As two halves (``w4a16.GEMM2_HALVES``, ``HALVES`` in the kernel: two
+accumulators, each half decoded and multiplied in turn, the activations loaded once) it takes 147, and its 61440 B
+of shared memory let 3 programs in; gemm1 already works that way (gate, then up). Nsight Compute at EP8 B = 256
+(run 25): gemm2 1.88 warps per scheduler, 0.64 eligible, issue slots 42% busy. With the block loop the halves take
+188 (2 per SM), so the third variant also takes the whole grid with busy experts (``BUSY_WHOLE_GRID_WITHIN``).
+Times the op at real routing (the first variant is the op as it is) with per-kernel device times and a bit check.
+Usage: python bench/exp/gemm2_halves.py OUT_DIR   (EXP_BATCHES, default 1,2,4,8,16,32,64,128,256)
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from decode_cases import compare_variants
+
+from sglang_glm5.variants import w4a16
+
+BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,128,256").split(","))
+DEFAULTS = (w4a16.GEMM2_HALVES, w4a16.BUSY_WHOLE_GRID_WITHIN)
+
+
+def setting(halves: bool, busy_within: float):
+    def setup():
+        w4a16.GEMM2_HALVES, w4a16.BUSY_WHOLE_GRID_WITHIN = halves, busy_within
+
+    return setup
+
+
+VARIANTS = {
+    "one tile": setting(False, 0.0),
+    "halves": setting(True, 0.0),
+    "halves, whole grid": setting(True, w4a16.WHOLE_GRID_WITHIN),
+    "one tile, whole grid": setting(False, w4a16.WHOLE_GRID_WITHIN),
+}
+
+if __name__ == "__main__":
+    try:
+        compare_variants(Path(sys.argv[1]), "gemm2_halves", VARIANTS, BATCHES, seed=41)
+    finally:
+        w4a16.GEMM2_HALVES, w4a16.BUSY_WHOLE_GRID_WITHIN = DEFAULTS
