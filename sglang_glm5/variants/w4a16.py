@@ -252,10 +252,10 @@ def compiled_asm(kernel: str, cfg: GemmConfig, target: GpuTarget) -> dict[str, s
 # the programs of the active blocks alone cannot fill the GPU; the K loop is then split.
 
 
-# At decode, a GEMM launch takes a program per possible routing block when their number is at most this many times
-# the blocks expected (``plan_launch``). H200, GLM-5 EP8 (bench/README.md, run 24): the whole grid measured 0.92-0.98x
-# at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last in both; TP8's
-# decode grids were whole already.
+# Up to WHOLE_GRID_PAIRS_PER_EXPERT, a GEMM launch takes a program per possible routing block when their number is at
+# most this many times the blocks expected (``plan_launch``). H200, GLM-5 EP8 (bench/README.md, run 24): the whole grid
+# measured 0.92-0.98x at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last
+# in both; TP8's decode grids were whole already. At B = 128-256 (run 25) it keeps gemm2's halves at 147 registers.
 WHOLE_GRID_WITHIN = 5.0
 # gemm2 computes a 4-warp N tile of 128 rows or more as two halves, one after the other, when it walks one tile per
 # program (``halves``): the decoded weights of one half in registers at a time (sm_90 AOT, Triton 3.8:
