@@ -123,3 +123,18 @@ def compare_variants(out, name: str, variants: dict, batches, seed: int, repeats
             print(f"    {v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())), flush=True)
     (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
+
+
+def compare_settings(out, name: str, module, settings: dict, batches, seed: int) -> list[dict]:
+    """``compare_variants`` over settings of a module's attributes (variant name -> {attribute: value}; the first is
+    the reference), the attributes restored afterwards."""
+    saved = {attr: getattr(module, attr) for values in settings.values() for attr in values}
+
+    def setup(values: dict):
+        return lambda: [setattr(module, attr, value) for attr, value in values.items()]
+
+    try:
+        return compare_variants(out, name, {v: setup(values) for v, values in settings.items()}, batches, seed)
+    finally:
+        for attr, value in saved.items():
+            setattr(module, attr, value)
