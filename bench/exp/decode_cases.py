@@ -138,3 +138,23 @@ def compare_settings(out, name: str, module, settings: dict, batches, seed: int)
     finally:
         for attr, value in saved.items():
             setattr(module, attr, value)
+
+
+def tile_override(**tiles: str):
+    """``autotune.pick_config`` with the tiles of the named GEMMs replaced (``gemm1="16x128x256-w8-s3"``), for
+    ``compare_settings(..., autotune, {"name": {"pick_config": tile_override(...)}})``."""
+    import dataclasses
+
+    from sglang_glm5.tiles import GemmConfig
+
+    pick = autotune.pick_config
+
+    def parse(label: str) -> GemmConfig:
+        shape, warps, stages = label.split("-")
+        m, n, k = (int(v) for v in shape.split("x"))
+        return GemmConfig(m, n, k, int(warps[1:]), int(stages[1:]))
+
+    def pick_with(*args, **kwargs):
+        return dataclasses.replace(pick(*args, **kwargs), **{g: parse(label) for g, label in tiles.items()})
+
+    return pick_with
