@@ -713,35 +713,33 @@ def moe_align_kernel(
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,  # power of two >= num_experts
     BLOCK: tl.constexpr,
-    GROUP: tl.constexpr,  # experts per program (a power of two)
-    PERMUTE: tl.constexpr,  # programs after the routing ones write x in the GEMMs' K order (prepare_activations_kernel)
+    PERMUTE: tl.constexpr,  # programs past E also write x in the GEMMs' K order (prepare_activations_kernel)
     PERMUTE_T: tl.constexpr,
     PERMUTE_K: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
 ):
-    """One launch: G = cdiv(E, GROUP) + 1 routing programs (and with PERMUTE one per activation tile after them).
-    Each counts the pairs of every expert (a histogram of the ids); program g < G - 1 then writes the pairs (in pair
-    order), padding and block experts of experts g * GROUP .. g * GROUP + GROUP - 1; the last marks the unused tail
+    """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
+    first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
+    expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
     blocks and writes the number of used blocks. They share zeroing ``zero_ptr``."""
     after_previous_launch(PDL)
     let_next_launch(PDL)
-    g = tl.program_id(0)
-    groups = tl.cdiv(num_experts, GROUP)
-    if PERMUTE and g > groups:
-        tile = g - groups - 1
+    e = tl.program_id(0)
+    if PERMUTE and e > num_experts:
+        tile = e - num_experts - 1
         permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K)
     else:
         _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                       num_experts, num_blocks, num_zero, g, groups, BLOCK_M, E_PAD, BLOCK, GROUP)  # fmt: skip
+                       num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _route_program(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, g, groups, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Program g (0 .. groups) of ``moe_align_kernel``'s routing."""
-    for start in range(g * BLOCK, num_zero, (groups + 1) * BLOCK):
+    """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
+    for start in range(e * BLOCK, num_zero, (num_experts + 1) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
@@ -752,37 +750,30 @@ def _route_program(
         counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
     offs_e = tl.arange(0, E_PAD)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    if g < groups:
-        experts = g * GROUP + tl.arange(0, GROUP)  # [GROUP]
-        mine = experts < num_experts
-        first_block = tl.sum(tl.where(offs_e[None, :] < experts[:, None], blocks[None, :], 0), axis=1)
-        count = tl.sum(tl.where(offs_e[None, :] == experts[:, None], counts[None, :], 0), axis=1)
-        my_blocks = (count + BLOCK_M - 1) // BLOCK_M
+    first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
+    if e < num_experts:
+        count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
+        my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
         base = first_block * BLOCK_M
-        placed = tl.zeros((GROUP,), dtype=tl.int32)
+        placed = 0
         for start in range(0, num_pairs, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
-            hit = ((ids[None, :] == experts[:, None]) & mine[:, None]).to(tl.int32)  # [GROUP, BLOCK]
-            rank = placed[:, None] + tl.cumsum(hit, axis=1) - 1
-            pair = tl.broadcast_to(offs[None, :], (GROUP, BLOCK)).to(tl.int32)
-            tl.store(sorted_ids_ptr + base[:, None] + rank, pair, mask=hit != 0)
-            placed += tl.sum(hit, axis=1)
-        # padding: fewer than BLOCK_M slots after each expert's pairs
-        pad = count[:, None] + tl.arange(0, BLOCK_M)[None, :]
-        pad_ok = mine[:, None] & (pad < (my_blocks * BLOCK_M)[:, None])
-        tl.store(sorted_ids_ptr + base[:, None] + pad, tl.full((GROUP, BLOCK_M), 0, tl.int32) + num_pairs, mask=pad_ok)
-        for start in range(0, tl.max(my_blocks, axis=0), BLOCK_M):
-            offs_b = start + tl.arange(0, BLOCK_M)
-            ok_b = mine[:, None] & (offs_b[None, :] < my_blocks[:, None])
-            tl.store(block_expert_ptr + first_block[:, None] + offs_b[None, :],
-                     tl.broadcast_to(experts[:, None], (GROUP, BLOCK_M)), mask=ok_b)  # fmt: skip
+            hit = (ids == e).to(tl.int32)
+            rank = placed + tl.cumsum(hit, axis=0) - 1
+            tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)
+            placed += tl.sum(hit, axis=0)
+        for start in range(count, my_blocks * BLOCK_M, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(sorted_ids_ptr + base + offs, num_pairs, mask=offs < my_blocks * BLOCK_M)
+        for start in range(0, my_blocks, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(block_expert_ptr + first_block + offs, e, mask=offs < my_blocks)
     else:
-        used = tl.sum(blocks, axis=0)
-        tl.store(used_blocks_ptr, used)
-        for start in range(used, num_blocks, BLOCK):
+        tl.store(used_blocks_ptr, first_block)
+        for start in range(first_block, num_blocks, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
-        for start in range(used * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
+        for start in range(first_block * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)

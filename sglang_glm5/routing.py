@@ -130,18 +130,6 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
     return max(16, min(1024, triton.next_power_of_2(num_pairs))), 4
 
 
-# A routing program places the pairs of this many (ids per step) x (experts) at once (``route_group``).
-ROUTE_GROUP_ELEMENTS = 4096
-
-
-def route_group(block: int, num_experts: int) -> int:
-    """Experts per routing program (a power of two): as many as keep a step's [experts, ids] comparison and the
-    [experts, E] sums within ``ROUTE_GROUP_ELEMENTS`` x 2, so that a decode step (few ids) takes few programs
-    (GLM-5 TP8 B = 1: 9 instead of 257) and a wide prefill step one expert each."""
-    e_pad = max(16, triton.next_power_of_2(num_experts))
-    return max(1, min(e_pad, ROUTE_GROUP_ELEMENTS // block, 2 * ROUTE_GROUP_ELEMENTS // e_pad))
-
-
 def route_pairs(
     topk_ids: torch.Tensor,
     num_experts: int,
@@ -171,8 +159,7 @@ def route_pairs(
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
     block, warps = route_block(num_pairs, num_experts)
-    group = route_group(block, num_experts)
-    _k.moe_align_kernel[(triton.cdiv(num_experts, group) + 1 + tiles,)](
+    _k.moe_align_kernel[(num_experts + 1 + tiles,)](
         topk_ids_ptr=ids,
         sorted_ids_ptr=sorted_ids,
         block_expert_ptr=block_expert,
@@ -191,7 +178,6 @@ def route_pairs(
         BLOCK_M=block_m,
         E_PAD=max(16, triton.next_power_of_2(num_experts)),
         BLOCK=block,
-        GROUP=group,
         PERMUTE=permute is not None,
         PERMUTE_T=PERMUTE_T,
         PERMUTE_K=PERMUTE_K,

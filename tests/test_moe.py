@@ -129,9 +129,6 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
         # prefill sizes: from routing.WIDE_ROUTE_PAIRS pairs the launch walks the ids in steps of 8192 (32 experts)
         # or 4096 (65: over 64), here with a partial last step
         (4100, 8, 32, 128), (4097, 8, 65, 64),
-        # a routing program places several experts' pairs (routing.route_group): GLM-5 TP8 B = 1 and 16 (32 experts
-        # a program), 100 experts in groups of 64 (the last group partial), 300 tokens over 32 (groups of 4)
-        (1, 8, 256, 16), (16, 8, 256, 16), (2, 8, 100, 16), (300, 8, 32, 16),
     ],
 )  # fmt: skip
 def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, gen, device):
@@ -154,14 +151,6 @@ def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, gen, de
     assert torch.equal(xp, routing.prepare_activations(x))
     alone = routing.route_pairs(ids, 8, 16)
     assert all(torch.equal(a, b) for a, b in zip(route, alone, strict=True))
-
-
-def test_routing_programs_group_experts_only_while_the_steps_are_small():
-    from sglang_glm5 import routing
-
-    assert routing.route_group(*routing.route_block(8, 256)[:1], 256) == 32, "TP8 B = 1: 9 programs, not 257"
-    assert routing.route_group(*routing.route_block(8, 32)[:1], 32) == 32, "EP8 B = 1: one program and the tail"
-    assert routing.route_group(*routing.route_block(65536, 256)[:1], 256) == 1, "a wide prefill step: one expert"
 
 
 def test_align_pairs_by_expert(device):

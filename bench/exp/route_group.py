@@ -1,5 +1,7 @@
 """Experiment: routing programs that each place several experts' pairs.
 
+Runs at commit eecea54, which has the switch (slower: bench/README.md run 25; reverted after it).
+
 The routing launch ran E + 1 programs, each building the histogram of all ids and placing one expert's pairs: 257
 programs at GLM-5 TP8 for a decode step of 8 pairs, where the launch took 3.3 us against 2.5 at EP8 (33 programs;
 run 25 kernel times). With ``routing.route_group`` a program places up to ``ROUTE_GROUP_ELEMENTS`` / (ids per step)
