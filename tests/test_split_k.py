@@ -152,7 +152,8 @@ def test_plan_splits_only_when_the_blocks_leave_programs_idle():
 def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
     # At decode the bound on blocks may be close to the blocks expected (GLM-5 EP8 B = 8: 35 against 7.6): then a
     # program per possible block (no block loop), the block axis last when the launch splits. Far from it (B = 1:
-    # 9 against 1.05), the block loop as before; and never without ``whole_grid_within`` (busy experts).
+    # 9 against 1.05), the block loop as before; and never without ``whole_grid_within`` (which plan_gemms gives only
+    # up to WHOLE_GRID_PAIRS_PER_EXPERT: GLM-5 EP8 B = 256 takes the whole grid, B = 257 the block loop).
     cfg = GemmConfig(16, 64, 256)
     near = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, whole_grid_within=5.0)
     assert near.block_programs == 35 and near.splits > 1 and near.blocks_last
@@ -162,6 +163,11 @@ def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
     assert far.block_programs == 5 and not far.blocks_last
     assert w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132) == dataclasses.replace(near, block_programs=18,
                                                                                   blocks_last=False)  # fmt: skip
+    glm5 = MoeConfig(GemmConfig(16, 128, 256), GemmConfig(16, 128, 256))
+    for batch, whole in ((256, True), (257, False)):
+        plan = w4a16.plan_gemms(glm5, batch * 8, 32, 256, 6144, 2048, 132)
+        bound = w4a16.num_blocks_bound(batch * 8, 32, 16)
+        assert (plan.gemm1.block_programs == bound) == whole and (plan.gemm2.block_programs == bound) == whole, batch
 
 
 def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):

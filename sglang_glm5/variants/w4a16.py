@@ -188,7 +188,8 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
 
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
-    forms = [f for f in FORMS[kernel] if not f.get("HALVES") or halves(cfg, 1)]
+    # the halves' form for the tiles that can take it, whatever GEMM2_HALVES says now (the sizes are memoized)
+    forms = [f for f in FORMS[kernel] if not f.get("HALVES") or _halvable(cfg)]
     return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
 
 
@@ -492,10 +493,15 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
 
 
+def _halvable(cfg: GemmConfig) -> bool:
+    """Whether a gemm2 tile can run as two halves: 4 warps (one warp group: each half keeps 64 rows a wgmma) and
+    at least 128 rows."""
+    return cfg.num_warps == 4 and cfg.block_n >= 128
+
+
 def halves(cfg: GemmConfig, per_program: int) -> bool:
-    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, 4 warps (one
-    warp group: each half keeps 64 rows a wgmma) and at least 128 rows."""
-    return GEMM2_HALVES and per_program == 1 and cfg.num_warps == 4 and cfg.block_n >= 128
+    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, a tile that can."""
+    return GEMM2_HALVES and per_program == 1 and _halvable(cfg)
 
 
 def launch_gemm2(
