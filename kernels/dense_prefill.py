@@ -1,7 +1,7 @@
 """Triton kernels of the dense prefill path (``sglang_glm5.prefill``).
 
     dequant:    out[r, k] = e2m1(code k of row r) * scale[r, k // 16]              (no global scale)
-                codes read as 16-bit words of 4 in either layout (nvfp4.LAYOUTS)
+                codes read as 16-bit words of 4 in any layout (nvfp4.LAYOUTS)
     activation: h[row] = silu(gate * gs_gate) * up * gs_up * topk_weight * gs2      (per sorted row)
 
 The product of an e2m1 value (2 significant bits) and an e4m3 scale (4 bits) has at most 6
@@ -18,13 +18,13 @@ from sglang_glm5.kernels.nvfp4_moe import code_of_word, e2m1_nibbles_to_f16
 @triton.jit
 def nvfp4_dequant_kernel(
     w_ptr,  # [R, K/2] uint8, packed e2m1 (R = experts * rows, contiguous), read as [R, K/4] 16-bit words
-    ws_ptr,  # [R, K/16] uint8, e4m3 block scales (linear layout); scale codes with LAYOUT 1
+    ws_ptr,  # [R, K/16] uint8, e4m3 block scales (linear layout); scale codes with LAYOUT 1 or 2
     out_ptr,  # [R, K] bf16
     num_rows,
     K,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1: the W4A16 kernel layout (nvfp4.to_kernel_layout)
+    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1, 2: the W4A16 kernel layouts (nvfp4.to_kernel_layout)
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     words = tl.program_id(1) * (BLOCK_K // 4) + tl.arange(0, BLOCK_K // 4)
@@ -35,12 +35,15 @@ def nvfp4_dequant_kernel(
         w_ptr.to(tl.pointer_type(tl.int16)) + rows[:, None] * (K // 4) + words[None, :],
         mask=r_ok[:, None] & (words < K // 4)[None, :],
     )
+    if LAYOUT == 2:  # "kernel_wgmma" (K % 64 == 0): slot 16g + 8h + 2b + i holds word 16g + 4b + 2h + i
+        packed = tl.permute(tl.reshape(packed, (BLOCK_R, BLOCK_K // 64, 2, 4, 2)), (0, 1, 3, 2, 4))
+        packed = tl.reshape(packed, (BLOCK_R, BLOCK_K // 4))
     sbyte = tl.load(
         ws_ptr + rows[:, None] * (K // 16) + groups[None, :], mask=r_ok[:, None] & (groups < K // 16)[None, :]
     ).to(tl.int16)
     # Codes give e2m1 * 2^-14 (e2m1_nibbles_to_f16). An e4m3 byte placed into an fp16 is scale * 2^-8; a
     # scale code * 128 + 0x3000 as fp16 is scale * 2^7 (nvfp4.scale_codes). Both undone in fp32.
-    if LAYOUT == 1:
+    if LAYOUT >= 1:
         scale = (sbyte * 128 + 0x3000).to(tl.float16, bitcast=True).to(tl.float32) * (16384.0 / 128.0)
     else:
         sbits = ((sbyte & 0x7F) << 7) | ((sbyte & 0x80) << 8)

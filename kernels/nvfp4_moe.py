@@ -26,7 +26,10 @@ tile, each K step does four quarter-width dots: nibble q of every word against a
 4c + q (a dot product does not care in which order K is summed). To make those activation loads
 contiguous, activations are stored with each group of 32 K columns permuted to
 [0, 4, ..., 28, 1, 5, ..., 29, 2, ..., 30, 3, ..., 31]: columns 4c + q of a group are 8 adjacent
-values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way).
+values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way). Weights in the
+"kernel_wgmma" layout (LAYOUT 2) hold in word slot 8h + 2b + i of each 16 the word 4b + 2h + i, so the
+activations follow in a K order of period 64: column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i
+(``_permuted_column``); the loads are the same.
 
 Decode (``_decode_nvfp4``): a nibble's three magnitude bits placed at the bottom of the 16-bit
 type's exponent and the top of its mantissa, and its sign at bit 15, are exactly e2m1 * 2^-14
@@ -46,7 +49,12 @@ global_scale * 2^7 (``DECODE_UNSCALE``).
 checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8
 codes, about 5 instructions per scale); 1, the kernel layout that ``nvfp4.to_kernel_layout`` writes once
 at load time (11 per register for a bf16 decode, 15 for fp16, and one multiply-add per scale code).
-gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6): 1361 instructions a K step against 1817.
+gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6): 1361 instructions a K step against 1817. 2,
+"kernel_wgmma": layout 1 with the words of each group of 16 reordered so that the four words a wgmma
+register operand gives a thread (2t, 2t + 1, 2t + 8, 2t + 9) are one block's: the compiler loads and
+expands one scale code for the two registers (sm_90, Triton 3.8: 1310 instructions a K step against 1374,
+232 registers against 251). SM120's mma.sync operand already gives a thread four adjacent words, so there
+layout 1 is the one (layout 2 would take 1629 against 1532).
 
 ``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
@@ -171,7 +179,7 @@ def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
     sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1)
     DTYPE: tl.constexpr,  # tl.bfloat16 or tl.float16: the activations' type
-    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1: the kernel layout (nvfp4.to_kernel_layout)
+    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1, 2: the kernel layouts (nvfp4.to_kernel_layout)
     INTERPRETER: tl.constexpr,
 ):
     """-> four [BLOCK_N, BLOCK_K // 4] tiles, tile q holding K elements 4c + q: e2m1 * scale * 2^-7
@@ -179,7 +187,7 @@ def _decode_nvfp4(
     BLOCK_N: tl.constexpr = packed.shape[0]
     QUARTER: tl.constexpr = packed.shape[1]
     F16: tl.constexpr = INTERPRETER or DTYPE == tl.float16
-    if LAYOUT == 1:
+    if LAYOUT >= 1:
         # a scale code (nvfp4.scale_codes); the asm turns it into a 16-bit float (the interpreter here)
         if INTERPRETER:
             scale = (sbyte.to(tl.int16) * 128 + 0x3000).to(tl.float16, bitcast=True)  # scale * 2^7
@@ -193,7 +201,11 @@ def _decode_nvfp4(
             scale = scale * 32768.0  # scale * 2^7 <= 57344: exact in fp16
         else:
             scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
+    if LAYOUT == 2:  # "kernel_wgmma": block b of each 16 words is word slots 2b, 2b + 1, 2b + 8, 2b + 9
+        scale = tl.reshape(scale, (BLOCK_N, QUARTER // 16, 1, 4, 1))
+        scale = tl.reshape(tl.broadcast_to(scale, (BLOCK_N, QUARTER // 16, 2, 4, 2)), (BLOCK_N, QUARTER))
+    else:  # block b is words 4b .. 4b + 3
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
     if INTERPRETER:  # the same values through fp16 arithmetic
         q0 = (e2m1_nibbles_to_f16(code_of_word(packed, 0, LAYOUT)) * scale).to(tl.float32)
         q1 = (e2m1_nibbles_to_f16(code_of_word(packed, 1, LAYOUT)) * scale).to(tl.float32)
@@ -202,10 +214,10 @@ def _decode_nvfp4(
         return q0, q1, q2, q3
     else:
         base: tl.constexpr = LAYOUT * 8 + (0 if F16 else 4)
-        q0 = _decode_asm(packed, scale, base, F16, LAYOUT == 1)
-        q1 = _decode_asm(packed, scale, base + 1, F16, LAYOUT == 1)
-        q2 = _decode_asm(packed, scale, base + 2, F16, LAYOUT == 1)
-        q3 = _decode_asm(packed, scale, base + 3, F16, LAYOUT == 1)
+        q0 = _decode_asm(packed, scale, base, F16, LAYOUT >= 1)
+        q1 = _decode_asm(packed, scale, base + 1, F16, LAYOUT >= 1)
+        q2 = _decode_asm(packed, scale, base + 2, F16, LAYOUT >= 1)
+        q3 = _decode_asm(packed, scale, base + 3, F16, LAYOUT >= 1)
         return q0, q1, q2, q3
 
 
@@ -323,13 +335,18 @@ def permute_activation_tile(
     tile,  # which [BLOCK_T, BLOCK_K] tile, row-major over the tiles of x
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    WGMMA: tl.constexpr = False,  # the K order of weights in the "kernel_wgmma" layout (period 64, K % 64 == 0)
 ):
     k_tiles = tl.cdiv(K, BLOCK_K)
     rows = (tile // k_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = (tile % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
-    x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
+    if WGMMA:  # column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i (_permuted_column)
+        x = tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 64, 4, 2, 2, 4)), (0, 1, 3, 5, 2, 4))
+        x = tl.reshape(x, (BLOCK_T, BLOCK_K))
+    else:  # column 32g + 4c + q at 32g + 8q + c
+        x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
     tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
 
 
@@ -343,14 +360,19 @@ def prepare_activations_kernel(
     stride_pt,
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    WGMMA: tl.constexpr = False,  # the "kernel_wgmma" K order (permute_activation_tile)
 ):
-    permute_activation_tile(x_ptr, xp_ptr, num_rows, K, stride_xt, stride_pt, tl.program_id(0), BLOCK_T, BLOCK_K)
+    permute_activation_tile(x_ptr, xp_ptr, num_rows, K, stride_xt, stride_pt, tl.program_id(0), BLOCK_T, BLOCK_K,
+                            WGMMA)  # fmt: skip
 
 
 @triton.jit
-def _permuted_column(n):
-    """Position of K column n in the permuted activation layout (``prepare_activations_kernel``)."""
-    return (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
+def _permuted_column(n, WGMMA: tl.constexpr):
+    """Position of K column n in the permuted activation layout (``permute_activation_tile``)."""
+    if WGMMA:
+        return (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+    else:
+        return (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
 
 
 @triton.jit
@@ -506,7 +528,7 @@ def _gemm1_block(
         gate = acc_g * gs_gate
         up = acc_u * gs_up
         h = gate / (1.0 + tl.exp(-gate)) * up
-        h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n)[:, None]
+        h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n, LAYOUT == 2)[:, None]
         tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
 
 
@@ -717,6 +739,7 @@ def moe_align_kernel(
     PERMUTE_T: tl.constexpr,
     PERMUTE_K: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
+    WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
 ):
     """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
     first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
@@ -727,7 +750,8 @@ def moe_align_kernel(
     e = tl.program_id(0)
     if PERMUTE and e > num_experts:
         tile = e - num_experts - 1
-        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K)
+        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K,
+                                WGMMA)  # fmt: skip
     else:
         _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
                        num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip

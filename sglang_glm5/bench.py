@@ -235,7 +235,9 @@ def kernel_bencher(shape: MoeShape, seed: int):
                     weights, ids, tokens = balanced_routing(shape, max(int(bucket), shape.top_k), gen)
                 x = torch.randn(tokens, shape.hidden, generator=gen, device="cuda").bfloat16()
                 h = torch.randn(ids.numel(), shape.inter, generator=gen, device="cuda").bfloat16()
-                calls.append((routing.prepare_activations(x), routing.prepare_activations(h), weights, ids))
+                order = layers[0].layout  # every copy has the same
+                xp, hp = routing.prepare_activations(x, order), routing.prepare_activations(h, order)
+                calls.append((xp, hp, weights, ids))
             inputs[bucket] = calls
         return inputs[bucket]
 

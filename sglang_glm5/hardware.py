@@ -135,6 +135,13 @@ def launches_dependents(arch: int) -> bool:
     return arch >= 90
 
 
+def wgmma_from_registers(arch: int) -> bool:
+    """Whether Triton's W4A16 dots run as wgmma with the decoded weights as the register operand (sm_90), whose
+    fragment gives a thread words 2t, 2t + 1, 2t + 8, 2t + 9 of each 16 (the "kernel_wgmma" layout pairs them
+    under one block scale). SM80/SM120 run mma.sync, whose operand Triton lays out 4 adjacent words a thread."""
+    return arch == 90
+
+
 def keeps_every_stage(arch: int) -> bool:
     """Whether a pipeline of num_stages keeps num_stages operand buffers in shared memory (wgmma / TMA:
     Hopper and the Blackwell datacenter parts) rather than num_stages - 1 (``mma.sync`` + ``cp.async``:

@@ -176,8 +176,16 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tens
 # the 8 codes of a register instead of 15 (the cheapest over every way to place the 16 bits).
 CHECKPOINT_WORD = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
 KERNEL_WORD = ((6, 7, 8, 15), (0, 1, 2, 9), (3, 4, 5, 10), (12, 13, 14, 11))
-LAYOUTS = ("checkpoint", "kernel")  # index = the kernels' LAYOUT switch
-WORD_BITS = (CHECKPOINT_WORD, KERNEL_WORD)
+LAYOUTS = ("checkpoint", "kernel", "kernel_wgmma")  # index = the kernels' LAYOUT switch
+WORD_BITS = (CHECKPOINT_WORD, KERNEL_WORD, KERNEL_WORD)
+
+# "kernel_wgmma" is "kernel" with the words of each group of 16 (64 K elements, 4 block scales) reordered
+# for Hopper's wgmma, whose register operand gives a thread words 2t, 2t + 1, 2t + 8 and 2t + 9 of every 16:
+# word slot 8h + 2b + i holds word 4b + 2h + i, so that those four slots are block b's four words and share
+# one scale (one scale load and expansion for two registers instead of one each). The kernels then read
+# activations in a K order of period 64 instead of 32 (``kernels/nvfp4_moe.py``): K % 64 == 0.
+# SM120's mma.sync operand (kWidth 4 in Triton) gives a thread four adjacent words already.
+WGMMA_GROUP_WORDS = 16
 
 # Block scales in the kernel layout are 8-bit codes of a float with 5 exponent bits (bias 10) and 3
 # mantissa bits, no sign and no subnormals: code = (e << 3) | m means 2^(e - 10) * (1 + m / 8), code 0
@@ -258,13 +266,45 @@ def _remap_words(packed: torch.Tensor, src: int, dst: int, zero_blocks: torch.Te
     return table[words.long() & 0xFFFF].view(torch.uint8)
 
 
-def to_kernel_layout(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checkpoint ``packed`` [..., K/2] uint8 and ``scale`` [..., K/16] e4m3 -> the kernel layout (new
-    tensors, same shapes and dtypes: the scale tensor holds codes, viewed as e4m3). Same values."""
+def _wgmma_word_order(words: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """[..., K/4] int16 words: natural order -> "kernel_wgmma" slots (slot 8h + 2b + i <- word 4b + 2h + i),
+    or back with ``inverse``."""
+    lead, n = words.shape[:-1], words.shape[-1]
+    if n % WGMMA_GROUP_WORDS:
+        raise ValueError(f"kernel_wgmma layout: K must be a multiple of {4 * WGMMA_GROUP_WORDS}, got {4 * n}")
+    if inverse:  # [.., h, b, i] -> [.., b, h, i]
+        grouped = words.reshape(*lead, n // WGMMA_GROUP_WORDS, 2, 4, 2)
+    else:  # [.., b, h, i] -> [.., h, b, i]
+        grouped = words.reshape(*lead, n // WGMMA_GROUP_WORDS, 4, 2, 2)
+    return grouped.transpose(-3, -2).reshape(*lead, n)
+
+
+def to_kernel_layout(
+    packed: torch.Tensor, scale: torch.Tensor, layout: str = "kernel"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint ``packed`` [..., K/2] uint8 and ``scale`` [..., K/16] e4m3 -> ``layout``, "kernel" or
+    "kernel_wgmma" (new tensors, same shapes and dtypes: the scale tensor holds codes, viewed as e4m3). Same
+    values."""
+    if layout not in LAYOUTS[1:]:
+        raise ValueError(f"layout: expected one of {LAYOUTS[1:]}, got {layout!r}")
     codes = scale_codes(scale)
-    return _remap_words(packed, 0, 1, codes == 0), codes.view(torch.float8_e4m3fn)
+    words = _remap_words(packed, 0, 1, codes == 0)
+    if layout == "kernel_wgmma":
+        words = _wgmma_word_order(words.view(torch.int16), inverse=False).contiguous().view(torch.uint8)
+    return words, codes.view(torch.float8_e4m3fn)
 
 
-def from_kernel_layout(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def from_kernel_layout(
+    packed: torch.Tensor, scale: torch.Tensor, layout: str = "kernel"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of ``to_kernel_layout`` (exact but for the codes of zero-scale blocks, which are 0)."""
+    if layout not in LAYOUTS[1:]:
+        raise ValueError(f"layout: expected one of {LAYOUTS[1:]}, got {layout!r}")
+    if layout == "kernel_wgmma":
+        packed = _wgmma_word_order(packed.view(torch.int16), inverse=True).contiguous().view(torch.uint8)
     return _remap_words(packed, 1, 0, None), scales_from_codes(scale.view(torch.uint8))
+
+
+def activation_period(layout: str) -> int:
+    """The period, in K columns, of the activation K order the W4A16 kernels read for weights in ``layout``."""
+    return 4 * WGMMA_GROUP_WORDS if layout == "kernel_wgmma" else 32

@@ -20,6 +20,7 @@ import triton
 from sglang_glm5 import env
 from sglang_glm5.hardware import device_arch, launches_dependents
 from sglang_glm5.kernels import nvfp4_moe as _k
+from sglang_glm5.nvfp4 import LAYOUTS, activation_period
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
 
@@ -138,6 +139,7 @@ def route_pairs(
     permute: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     pdl: bool = False,
+    layout: str = "checkpoint",
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
 
@@ -145,7 +147,8 @@ def route_pairs(
     Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
     is ``num_blocks_bound``, so sizes never depend on the ids' values: no host synchronization
     (CUDA-graph safe). ``zero`` (int32), if given, is set to 0 by the same launch (split-K counters);
-    ``permute`` = (x, xp), if given, has the same launch write ``prepare_activations(x)`` into xp.
+    ``permute`` = (x, xp), if given, has the same launch write ``prepare_activations(x, layout)`` into xp
+    (``layout``: the weights' that the GEMMs read, ``nvfp4.LAYOUTS``).
     ``pdl``: launch with programmatic dependent launch (``uses_pdl``).
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
     """
@@ -182,6 +185,7 @@ def route_pairs(
         PERMUTE_T=PERMUTE_T,
         PERMUTE_K=PERMUTE_K,
         PDL=pdl,
+        WGMMA=_wgmma_order(layout, x_cols),
         launch_pdl=pdl,
         num_warps=warps,
     )
@@ -202,16 +206,27 @@ def routes_for(topk_ids: torch.Tensor, num_experts: int, cfg: MoeConfig) -> tupl
     return route1, align_pairs_by_expert(topk_ids, num_experts, cfg.gemm2.block_m)
 
 
-def prepare_activations(x: torch.Tensor) -> torch.Tensor:
-    """[T, K] bf16/fp16 -> [T, K], same dtype, each group of 32 columns as [0, 4, .., 28, 1, 5, .., 31].
+def _wgmma_order(layout: str, k: int) -> bool:
+    """Whether activations of K = ``k`` columns go in the K order of period 64 (weights in "kernel_wgmma")."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    period = activation_period(layout)
+    if k % period:
+        raise ValueError(f"{layout} layout: K must be a multiple of {period}, got {k}")
+    return period == 64
 
-    The layout the GEMM kernels read activations in (``sglang_glm5.kernels.nvfp4_moe``); K % 32 == 0.
-    """
+
+def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Tensor:
+    """[T, K] bf16/fp16 -> [T, K], same dtype, in the K order the GEMM kernels read for weights in ``layout``
+    (``nvfp4.LAYOUTS``; ``sglang_glm5.kernels.nvfp4_moe``): each group of 32 columns as
+    [0, 4, .., 28, 1, 5, .., 31] (K % 32 == 0), or for "kernel_wgmma" column 64g + 16b + 8h + 4i + q at
+    64g + 32h + 8q + 2b + i (K % 64 == 0)."""
     num_rows, k = x.shape
+    wgmma = _wgmma_order(layout, k)
     xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
     _k.prepare_activations_kernel[(triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(k, PERMUTE_K),)](
         x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
-        BLOCK_T=PERMUTE_T, BLOCK_K=PERMUTE_K,
+        BLOCK_T=PERMUTE_T, BLOCK_K=PERMUTE_K, WGMMA=wgmma,
     )  # fmt: skip
     return xp
 

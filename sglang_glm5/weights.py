@@ -43,6 +43,15 @@ def per_expert_scale(scale: torch.Tensor | float, num_experts: int, name: str, d
     raise ValueError(f"{name}: expected a scalar or shape [{num_experts}], got {list(s.shape)}")
 
 
+def kernel_layout(arch: int, hidden: int, inter: int) -> str:
+    """The W4A16 kernels' weight layout for a GPU of ``arch`` and a layer of H = ``hidden``, I = ``inter``:
+    "kernel_wgmma" where wgmma takes the decoded weights from registers (``hardware.wgmma_from_registers``)
+    and H, I are multiples of 64, else "kernel" (``nvfp4.LAYOUTS``)."""
+    if hardware.wgmma_from_registers(arch) and hidden % 64 == 0 and inter % 64 == 0:
+        return "kernel_wgmma"
+    return "kernel"
+
+
 @dataclass(frozen=True, eq=False)
 class Nvfp4MoeWeights:
     """The six NVFP4 tensors of a layer's local experts, their w13 row order and, for the W4A4 path, the
@@ -57,7 +66,7 @@ class Nvfp4MoeWeights:
     w13_order: str  # "gate_up": w13 rows are [gate; up]; "up_gate": [up; gate]
     w13_input_scale: torch.Tensor | float | None  # scalar, [E] or [E, 2]: the checkpoint's (W4A4 only)
     w2_input_scale: torch.Tensor | float | None  # scalar or [E]
-    layout: str = "checkpoint"  # of the codes and scales (nvfp4.LAYOUTS): "kernel" after ``converted``
+    layout: str = "checkpoint"  # of the codes and scales (nvfp4.LAYOUTS), set by ``converted``
 
     @classmethod
     def build(
@@ -130,10 +139,21 @@ class Nvfp4MoeWeights:
             raise ValueError(f"layout: expected one of {nvfp4.LAYOUTS}, got {layout!r}")
         if layout == self.layout:
             return self
-        convert = nvfp4.to_kernel_layout if layout == "kernel" else nvfp4.from_kernel_layout
-        if layout == "kernel":  # before any tensor changes: an in-place conversion is all or nothing
+        # before any tensor changes: an in-place conversion is all or nothing
+        if layout == "kernel_wgmma" and (self.hidden % 64 or self.inter % 64):
+            raise ValueError(f"layout kernel_wgmma: H and I must be multiples of 64, got H={self.hidden}, "
+                             f"I={self.inter}")  # fmt: skip
+        if self.layout == "checkpoint":
             nvfp4.check_block_scales(self.w13_scale)
             nvfp4.check_block_scales(self.w2_scale)
+
+        def convert(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.layout != "checkpoint":
+                packed, scale = nvfp4.from_kernel_layout(packed, scale, self.layout)
+            if layout != "checkpoint":
+                packed, scale = nvfp4.to_kernel_layout(packed, scale, layout)
+            return packed, scale
+
         tensors = []
         for packed, scale in ((self.w13, self.w13_scale), (self.w2, self.w2_scale)):
             if not in_place:
@@ -151,12 +171,14 @@ class Nvfp4MoeWeights:
         )  # fmt: skip
 
     def for_device(self, *, in_place: bool = False, w4a4: bool = False) -> Nvfp4MoeWeights:
-        """The bundle the SGLang plugin keeps: ``converted`` to the kernel layout on a CUDA GPU, where the
-        W4A16 kernels decode it with fewer instructions (``nvfp4.to_kernel_layout``). ``w4a4``: the layer may
-        run the W4A4 kernels (``w4a4_select.may_take_w4a4``), which read the checkpoint's codes and scales:
-        it keeps them. Off a CUDA GPU (the interpreter) nothing is converted."""
-        keep = w4a4 or hardware.device_arch(self.device) is None
-        return self.converted("checkpoint" if keep else "kernel", in_place=in_place)
+        """The bundle the SGLang plugin keeps: ``converted`` to a kernel layout on a CUDA GPU, where the
+        W4A16 kernels decode it with fewer instructions (``nvfp4.to_kernel_layout``; ``kernel_layout``).
+        ``w4a4``: the layer may run the W4A4 kernels (``w4a4_select.may_take_w4a4``), which read the
+        checkpoint's codes and scales: it keeps them. Off a CUDA GPU (the interpreter) nothing is converted."""
+        arch = hardware.device_arch(self.device)
+        keep = w4a4 or arch is None
+        return self.converted("checkpoint" if keep else kernel_layout(arch, self.hidden, self.inter),
+                              in_place=in_place)  # fmt: skip
 
     # The W4A4 path's activation global scales, computed on its first use (a call that never takes W4A4
     # pays nothing for them).

@@ -138,19 +138,36 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
-@pytest.mark.parametrize("num_tokens,hidden", [(1, 256), (37, 288), (0, 64)])
-def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, gen, device):
+# (tokens, hidden, weight layout): 37 rows, a partial tile; 288 / 320 columns, a masked K tile
+@pytest.mark.parametrize("num_tokens,hidden,layout", [
+    (1, 256, "kernel"), (37, 288, "checkpoint"), (0, 64, "kernel"), (37, 320, "kernel_wgmma"), (2, 64, "kernel_wgmma"),
+])  # fmt: skip
+def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, layout, gen, device):
     # The op has the routing launch also write x in the GEMMs' K order (one launch fewer at decode): the
-    # same bits as prepare_activations, every row (37 rows: a partial tile; 288 columns: a masked K tile).
+    # same bits as prepare_activations, every row, and that order is the documented permutation.
     from sglang_glm5 import routing
 
     x = torch.randn(num_tokens, hidden, generator=gen).bfloat16().to(device)
     ids = torch.randint(-1, 8, (num_tokens, 4), generator=gen, dtype=torch.int32).to(device)
     xp = torch.full_like(x, float("nan"))
-    route = routing.route_pairs(ids, 8, 16, permute=(x, xp))
-    assert torch.equal(xp, routing.prepare_activations(x))
+    route = routing.route_pairs(ids, 8, 16, permute=(x, xp), layout=layout)
+    assert torch.equal(xp, routing.prepare_activations(x, layout))
     alone = routing.route_pairs(ids, 8, 16)
     assert all(torch.equal(a, b) for a, b in zip(route, alone, strict=True))
+    n = torch.arange(hidden)
+    if layout == "kernel_wgmma":  # column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i
+        pos = (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+    else:  # column 32g + 4c + q at 32g + 8q + c
+        pos = (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
+    assert torch.equal(xp.cpu()[:, pos], x.cpu())
+
+
+def test_the_wgmma_activation_order_needs_k_in_multiples_of_64(gen, device):
+    from sglang_glm5 import routing
+
+    x = torch.randn(2, 96, generator=gen).bfloat16().to(device)
+    with pytest.raises(ValueError, match="kernel_wgmma layout: K must be a multiple of 64, got 96"):
+        routing.prepare_activations(x, "kernel_wgmma")
 
 
 def test_align_pairs_by_expert(device):

@@ -1,8 +1,9 @@
-"""The W4A16 kernels' weight layout (``nvfp4.to_kernel_layout``): the same values, a cheaper decode.
+"""The W4A16 kernels' weight layouts (``nvfp4.to_kernel_layout``): the same values, a cheaper decode.
 
-The layout moves bits within each 16-bit word of codes and re-encodes block scales; every weight keeps its
-value, so the op must give bit-identical results in both layouts (the decode is exact in both), and the
-conversion must round-trip.
+The kernel layout moves bits within each 16-bit word of codes and re-encodes block scales; kernel_wgmma also
+reorders the words of each group of 16. Every weight keeps its value, so the op must give bit-identical
+results in the checkpoint and kernel layouts (the decode is exact in both; kernel_wgmma sums K in another
+order), and every conversion must round-trip.
 """
 
 from __future__ import annotations
@@ -46,18 +47,57 @@ def test_scale_codes_keep_every_e4m3_value_and_the_kernels_formulas_hold():
     assert torch.equal(fp16, value[nonzero] * 2.0**7)
 
 
-@pytest.mark.parametrize("shape", [(3, 5, 64), (1, 7, 16), (2, 0, 32)])  # odd rows, one block, no rows
-def test_kernel_layout_round_trips(shape, gen):
+KERNEL_LAYOUTS = nvfp4.LAYOUTS[1:]
+
+
+# odd rows, one block, no rows, two groups of 64 (kernel_wgmma reorders words within each)
+@pytest.mark.parametrize("shape", [(3, 5, 64), (1, 7, 16), (2, 0, 32), (2, 3, 128)])
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
+def test_kernel_layouts_round_trip(shape, layout, gen):
     if 0 in shape:  # (quantize has no rows to take an amax of)
         packed = torch.zeros(*shape[:-1], shape[-1] // 2, dtype=torch.uint8)
         scale = torch.zeros(*shape[:-1], shape[-1] // 16).to(torch.float8_e4m3fn)
         q = nvfp4.NvFp4Tensor(packed, scale, torch.tensor(1.0))
     else:
         q = nvfp4.quantize(torch.randn(*shape, generator=gen))
-    packed, scale = nvfp4.to_kernel_layout(q.packed, q.scale)
+    if layout == "kernel_wgmma" and shape[-1] % 64:
+        with pytest.raises(ValueError, match="K must be a multiple of 64"):
+            nvfp4.to_kernel_layout(q.packed, q.scale, layout)
+        return
+    packed, scale = nvfp4.to_kernel_layout(q.packed, q.scale, layout)
     assert packed.shape == q.packed.shape and packed.dtype == torch.uint8 and scale.dtype == torch.float8_e4m3fn
-    back_packed, back_scale = nvfp4.from_kernel_layout(packed, scale)
+    back_packed, back_scale = nvfp4.from_kernel_layout(packed, scale, layout)
     assert torch.equal(back_packed, q.packed) and torch.equal(back_scale.view(torch.uint8), q.scale.view(torch.uint8))
+
+
+def test_the_wgmma_layout_puts_each_blocks_words_where_one_thread_reads_them():
+    """kernel_wgmma: slots 2b, 2b + 1, 2b + 8, 2b + 9 of every 16 (one thread's words in a wgmma register
+    operand) hold block b's four words, in order; the kernel layout's bits within each word stay as they are."""
+    words = torch.arange(64, dtype=torch.int16).reshape(1, 64)  # word w -> value w: where each one goes
+    slots = nvfp4._wgmma_word_order(words, inverse=False)[0].tolist()
+    for group in range(4):
+        for b in range(4):
+            want = [16 * group + 4 * b + j for j in range(4)]
+            got = [slots[16 * group + s] for s in (2 * b, 2 * b + 1, 2 * b + 8, 2 * b + 9)]
+            assert got == want, (group, b)
+    q = nvfp4.quantize(torch.randn(2, 128))
+    plain, _ = nvfp4.to_kernel_layout(q.packed, q.scale, "kernel")
+    paired, _ = nvfp4.to_kernel_layout(q.packed, q.scale, "kernel_wgmma")
+    assert torch.equal(nvfp4._wgmma_word_order(plain.view(torch.int16), inverse=False), paired.view(torch.int16))
+
+
+@pytest.mark.parametrize("arch,hidden,inter,want", [
+    (90, 6144, 2048, "kernel_wgmma"),  # GLM-5 EP8 on Hopper
+    (90, 6144, 256, "kernel_wgmma"),  # GLM-5 TP8
+    (90, 96, 64, "kernel"),  # H not a multiple of 64
+    (90, 128, 32, "kernel"),  # I not a multiple of 64
+    (120, 6144, 2048, "kernel"),  # SM120: mma.sync, a thread's words are adjacent already
+    (80, 6144, 2048, "kernel"),
+])  # fmt: skip
+def test_kernel_layout_by_arch_and_shape(arch, hidden, inter, want):
+    from sglang_glm5.weights import kernel_layout
+
+    assert kernel_layout(arch, hidden, inter) == want
 
 
 def test_zero_scale_blocks_decode_to_zero_whatever_their_codes(gen):
@@ -106,7 +146,10 @@ OP_CASES = [
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=lambda c: f"T{c[0]}-E{c[1]}-H{c[2]}-I{c[3]}-k{c[4]}-{c[5]}")
-def test_op_is_bit_identical_in_both_layouts(case, gen, device):
+def test_op_gives_the_same_results_in_every_layout(case, gen, device):
+    """Bit-identical in the kernel layout (the same K order); in kernel_wgmma (H, I multiples of 64) the K order
+    differs, so the fp32 sums may round apart: within 1e-3 of the checkpoint layout's output (the bf16 output
+    rounds at 4e-3)."""
     tokens, experts, hidden, inter, top_k, dtype, config, remote = case
     layer = random_layer(experts, hidden, inter, gen)
     layer.w13_scale.view(torch.uint8)[0, 1, 0] = 2  # an e4m3 subnormal scale
@@ -122,6 +165,16 @@ def test_op_is_bit_identical_in_both_layouts(case, gen, device):
     assert torch.equal(out_kernel, out_checkpoint)
     rel = ((out_kernel.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     assert rel < 1e-2, f"relative error {rel:.2e} against the float64 reference"
+    if hidden % 64 or inter % 64:
+        with pytest.raises(ValueError, match="multiples of 64"):
+            checkpoint.converted("kernel_wgmma")
+        return
+    wgmma = kernel.converted("kernel_wgmma")
+    out_wgmma = fused_moe(args[0], wgmma, *args[1:], config=config, path="w4a16")
+    apart = ((out_wgmma.float() - out_checkpoint.float()).norm() / out_checkpoint.float().norm()).item()
+    assert apart < 1e-3, f"kernel_wgmma against the checkpoint layout: {apart:.2e}"
+    rel = ((out_wgmma.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert rel < 1e-2, f"kernel_wgmma: relative error {rel:.2e} against the float64 reference"
 
 
 def test_in_place_conversion_keeps_the_tensors_and_the_values(gen, device):
@@ -139,12 +192,13 @@ def test_in_place_conversion_keeps_the_tensors_and_the_values(gen, device):
     assert torch.equal(again.w13.cpu(), layer.w13) and torch.equal(again.w2.cpu(), layer.w2)
 
 
-def test_dense_prefill_dequantizes_both_layouts_alike(gen, device):
-    layer = random_layer(3, 96, 64, gen)
+@pytest.mark.parametrize("layout,hidden", [("kernel", 96), ("kernel_wgmma", 192)])  # K: 3 groups of 32 / of 64
+def test_dense_prefill_dequantizes_every_layout_alike(layout, hidden, gen, device):
+    layer = random_layer(3, hidden, 64, gen)
     packed, scale = (t.to(device) for t in (layer.w13, layer.w13_scale))
-    kernel_packed, kernel_scale = nvfp4.to_kernel_layout(packed, scale)
+    kernel_packed, kernel_scale = nvfp4.to_kernel_layout(packed, scale, layout)
     want = dequantize_bf16(packed, scale)
-    assert torch.equal(dequantize_bf16(kernel_packed, kernel_scale, layout="kernel"), want)
+    assert torch.equal(dequantize_bf16(kernel_packed, kernel_scale, layout=layout), want)
     exact = nvfp4.dequantize(layer.w13, layer.w13_scale, 1.0)
     assert torch.equal(want.cpu().float(), exact)
 
@@ -161,10 +215,16 @@ def test_w4a4_refuses_the_kernel_layout(gen):
 
 
 def test_the_plugins_bundle_keeps_the_checkpoint_layout_only_off_a_gpu_or_for_w4a4(gen, device):
+    from sglang_glm5.hardware import device_arch
+
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(2, 64, 32, gen).args()))
     assert bundle.for_device(w4a4=True) is bundle  # the W4A4 kernels read the checkpoint's codes and scales
     want = "kernel" if device.type == "cuda" else "checkpoint"  # the interpreter: nothing to gain
-    assert bundle.for_device().layout == want
+    assert bundle.for_device().layout == want  # I = 32: not kernel_wgmma even on Hopper
+    wide = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(2, 128, 64, gen).args()))
+    if device.type == "cuda":
+        want = "kernel_wgmma" if device_arch(device) == 90 else "kernel"
+    assert wide.for_device().layout == want
     with pytest.raises(ValueError, match="layout: expected one of"):
         bundle.converted("swizzled")
 
@@ -211,7 +271,7 @@ def _run_decode_ptx(ptx: str, words: torch.Tensor, scale_input: torch.Tensor, bf
 
 
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("layout", [0, 1], ids=nvfp4.LAYOUTS)
+@pytest.mark.parametrize("layout", [0, 1], ids=nvfp4.LAYOUTS[:2])  # kernel_wgmma decodes as kernel
 def test_decode_ptx_gives_every_code_times_its_scale(layout, bf16):
     """The PTX the kernels inline, run instruction by instruction on every 16-bit word of codes, with scales
     from the smallest to the largest: code q of each word, times the scale, times 2^-7 (exact)."""

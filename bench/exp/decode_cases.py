@@ -78,12 +78,15 @@ def kernel_us(fn, calls: int) -> dict[str, float]:
     return {k: v / (reps * calls) for k, v in total.items()}
 
 
-def compare_variants(out, name: str, variants: dict, batches, seed: int, repeats: int = 3) -> list[dict]:
+def compare_variants(
+    out, name: str, variants: dict, batches, seed: int, repeats: int = 3, bundles_for=None
+) -> list[dict]:
     """Time the op at real routing under each variant (name -> a function that sets it up; the first is the
     reference), round-robin ``repeats`` times per case from CUDA graphs over the case's routings, with each
     kernel's device time, whether the outputs are bit-identical to the reference's and their largest relative
-    difference. Prints a line per case and writes ``out/name.json``. The last variant's setup stays in force:
-    callers restore what they changed."""
+    difference. ``bundles_for(variant, bundles)``, if given, returns the layer copies a variant times (the same
+    weights in another layout, say); by default every variant times the case's. Prints a line per case and
+    writes ``out/name.json``. The last variant's setup stays in force: callers restore what they changed."""
     import json
     import statistics
 
@@ -94,21 +97,22 @@ def compare_variants(out, name: str, variants: dict, batches, seed: int, repeats
     rows = []
     first = next(iter(variants))
     for layout_name, layout, bundles, batch, inputs in cases(gen, batches):
+        layers = {v: bundles_for(v, bundles) if bundles_for else bundles for v in variants}
 
-        def call(inputs=inputs, bundles=bundles):
+        def call(v, inputs=inputs, layers=layers):
             for i, (x, w, ids) in enumerate(inputs):
-                fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS)
+                fused_moe(x, layers[v][i % 2], w, ids, **OP_KWARGS)
 
         times = {v: [] for v in variants}
         outs, kernels = {}, {}
         for rep in range(repeats):
             for v, setup in variants.items():
                 setup()
-                times[v].append(bench_real._time(call, True, len(inputs)))
+                times[v].append(bench_real._time(lambda v=v: call(v), True, len(inputs)))
                 if rep == 0:
-                    outs[v] = [fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS) for i, (x, w, ids) in
+                    outs[v] = [fused_moe(x, layers[v][i % 2], w, ids, **OP_KWARGS) for i, (x, w, ids) in
                                enumerate(inputs)]  # fmt: skip
-                    kernels[v] = kernel_us(call, len(inputs))
+                    kernels[v] = kernel_us(lambda v=v: call(v), len(inputs))
         same = {v: all(torch.equal(a, b) for a, b in zip(outs[first], outs[v], strict=True)) for v in variants}
         rel = {v: max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in
                       zip(outs[v], outs[first], strict=True)) for v in variants}  # fmt: skip

@@ -27,7 +27,7 @@ import torch
 import triton
 
 from sglang_glm5 import autotune
-from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16
+from sglang_glm5.hardware import GpuTarget, keeps_every_stage, runs_w4a16, wgmma_from_registers
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
@@ -176,7 +176,8 @@ FORMS = {
 def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
-        "LAYOUT": LAYOUTS.index("kernel"),  # the same shared memory in both layouts
+        # the layout a layer takes on this arch (weights.kernel_layout; the same shared memory in every layout)
+        "LAYOUT": LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel"),
         "PDL": False,  # two instructions, no shared memory
         "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
     }  # fmt: skip
@@ -588,7 +589,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
-                         pdl=pdl.get("route", False))  # fmt: skip
+                         pdl=pdl.get("route", False), layout=weights.layout)  # fmt: skip
     route2 = route1
     if cfg.gemm2.block_m != cfg.gemm1.block_m:
         route2 = route_pairs(topk_ids, num_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False))
