@@ -177,7 +177,7 @@ def let_next_launch(PDL: tl.constexpr):
 @triton.jit
 def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
-    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1)
+    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1, 2)
     DTYPE: tl.constexpr,  # tl.bfloat16 or tl.float16: the activations' type
     LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1, 2: the kernel layouts (nvfp4.to_kernel_layout)
     INTERPRETER: tl.constexpr,
@@ -233,7 +233,8 @@ def _load_quarters(
 ):
     """-> four [BLOCK_K // 4, BLOCK_M] tiles of K step k0, transposed; tile q holds K columns 4c + q."""
     cols = tl.arange(0, BLOCK_K // 4)
-    pos = k0 + (cols // 8) * 32 + cols % 8  # columns 4c of each group of 32; 4c + q lies 8 * q further
+    # the column of word slot c's code 0 (in its group of 32 positions); code q's lies 8 * q further, in either K order
+    pos = k0 + (cols // 8) * 32 + cols % 8
     mask = row_ok[None, :] if EVEN_K else row_ok[None, :] & (pos < K)[:, None]
     ptrs = rows_ptr[None, :] + pos[:, None]
     x0 = tl.load(ptrs, mask=mask, other=0.0)
@@ -327,7 +328,7 @@ def tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
 @triton.jit
 def permute_activation_tile(
     x_ptr,  # [T, K] bf16/fp16
-    xp_ptr,  # [T, K] out, dtype of x: each group of 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31]
+    xp_ptr,  # [T, K] out, dtype of x: each 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31] (or WGMMA)
     num_rows,
     K,
     stride_xt,
@@ -431,7 +432,7 @@ def nvfp4_moe_gemm1_kernel(
     EVEN_K: tl.constexpr,  # hidden_size % BLOCK_K == 0: no K masks
     SPLITS: tl.constexpr,  # the split axis (_pid) splits K in SPLITS; the last program of a tile to finish adds them
     BLOCK_LOOP: tl.constexpr,  # fewer block programs than possible blocks: each walks the used blocks
-    LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 the kernel layout (nvfp4.LAYOUTS)
+    LAYOUT: tl.constexpr,  # the weights' layout: 0 the checkpoint's, 1 kernel, 2 kernel_wgmma (nvfp4.LAYOUTS)
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)

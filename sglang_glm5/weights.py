@@ -52,6 +52,12 @@ def kernel_layout(arch: int, hidden: int, inter: int) -> str:
     return "kernel"
 
 
+def _check_layout_shape(layout: str, hidden: int, inter: int) -> None:
+    """ValueError unless H = ``hidden`` and I = ``inter`` suit ``layout`` (kernel_wgmma: multiples of 64)."""
+    if layout == "kernel_wgmma" and (hidden % 64 or inter % 64):
+        raise ValueError(f"layout kernel_wgmma: H and I must be multiples of 64, got H={hidden}, I={inter}")
+
+
 @dataclass(frozen=True, eq=False)
 class Nvfp4MoeWeights:
     """The six NVFP4 tensors of a layer's local experts, their w13 row order and, for the W4A4 path, the
@@ -111,6 +117,7 @@ class Nvfp4MoeWeights:
                 raise ValueError(f"{name}: must be contiguous (strides {t.stride()} for shape {list(t.shape)})")
         if layout not in nvfp4.LAYOUTS:
             raise ValueError(f"layout: expected one of {nvfp4.LAYOUTS}, got {layout!r}")
+        _check_layout_shape(layout, hidden, inter)
         if w13_order not in W13_ORDERS:
             raise ValueError(f"w13_order: expected one of {W13_ORDERS}, got {w13_order!r}")
         device = w13.device
@@ -140,9 +147,7 @@ class Nvfp4MoeWeights:
         if layout == self.layout:
             return self
         # before any tensor changes: an in-place conversion is all or nothing
-        if layout == "kernel_wgmma" and (self.hidden % 64 or self.inter % 64):
-            raise ValueError(f"layout kernel_wgmma: H and I must be multiples of 64, got H={self.hidden}, "
-                             f"I={self.inter}")  # fmt: skip
+        _check_layout_shape(layout, self.hidden, self.inter)
         if self.layout == "checkpoint":
             nvfp4.check_block_scales(self.w13_scale)
             nvfp4.check_block_scales(self.w2_scale)

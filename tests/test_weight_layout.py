@@ -142,6 +142,7 @@ OP_CASES = [
     (11, 5, 96, 160, 3, torch.bfloat16, None, 0.0),  # K not a multiple of block_k: masked codes and scales
     (13, 8, 160, 128, 3, torch.bfloat16, _cfg(16, 32, 64), 0.0),  # gemm2 walking several N tiles
     (40, 8, 256, 128, 4, torch.bfloat16, _cfg(32, 32, 64), 0.0),  # several blocks and N tiles
+    (7, 5, 192, 128, 3, torch.bfloat16, _cfg(16, 32, 128), 0.0),  # kernel_wgmma with H not a multiple of block_k
 ]
 
 
@@ -190,6 +191,35 @@ def test_in_place_conversion_keeps_the_tensors_and_the_values(gen, device):
     assert torch.equal(fused_moe(x, converted, weights, ids, path="w4a16"), before)
     again = converted.converted("checkpoint", in_place=True)
     assert torch.equal(again.w13.cpu(), layer.w13) and torch.equal(again.w2.cpu(), layer.w2)
+
+
+def test_in_place_conversions_between_kernel_layouts_keep_the_tensors_and_the_values(gen, device):
+    """checkpoint -> kernel_wgmma -> kernel -> kernel_wgmma -> checkpoint in the same storage (the plugin's restore
+    hook takes a layer back to the checkpoint's layout): the same bytes as direct conversions at every step."""
+    layer = random_layer(3, 128, 64, gen)
+    tensors = [t.to(device, copy=True) for t in layer.args()]
+    bundle = Nvfp4MoeWeights.build(*tensors)
+    fresh = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args()))
+    direct = {lay: fresh.converted(lay) for lay in KERNEL_LAYOUTS}
+    for lay in ("kernel_wgmma", "kernel", "kernel_wgmma"):
+        bundle = bundle.converted(lay, in_place=True)
+        assert bundle.layout == lay and bundle.w13 is tensors[0] and bundle.w2_scale is tensors[4]
+        for got, want in ((bundle.w13, direct[lay].w13), (bundle.w2, direct[lay].w2),
+                          (bundle.w13_scale, direct[lay].w13_scale)):  # fmt: skip
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), lay
+    back = bundle.converted("checkpoint", in_place=True)
+    assert torch.equal(back.w13.cpu(), layer.w13) and torch.equal(back.w2.cpu(), layer.w2)
+    assert torch.equal(back.w13_scale.cpu().view(torch.uint8), layer.w13_scale.view(torch.uint8))
+
+
+@pytest.mark.parametrize("hidden,inter", [(96, 64), (128, 96)])
+def test_a_bundle_refuses_kernel_wgmma_for_a_shape_it_cannot_take(hidden, inter, gen):
+    layer = random_layer(2, hidden, inter, gen)
+    with pytest.raises(ValueError, match="H and I must be multiples of 64"):
+        _bundle(layer, layout="kernel_wgmma")
+    with pytest.raises(ValueError, match="H and I must be multiples of 64"):
+        _bundle(layer).converted("kernel_wgmma", in_place=True)
+    assert torch.equal(_bundle(layer).w13, layer.w13)  # nothing was converted
 
 
 @pytest.mark.parametrize("layout,hidden", [("kernel", 96), ("kernel_wgmma", 192)])  # K: 3 groups of 32 / of 64

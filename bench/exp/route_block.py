@@ -18,6 +18,8 @@ import triton
 from decode_cases import generator
 
 from sglang_glm5 import bench_real, routing
+from sglang_glm5.hardware import device_arch
+from sglang_glm5.weights import kernel_layout
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,16,256,2048,8192,16384").split(","))
 VARIANTS = ((1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16))
@@ -36,7 +38,10 @@ def main(out: Path) -> None:
             counters = torch.empty(4096, dtype=torch.int32, device="cuda")
 
             block_m = 16 if batch <= 256 else 128
-            route = partial(routing.route_pairs, ids, layout.num_experts, block_m, zero=counters, permute=(x, xp))
+            # the weights' layout on this GPU (the activations' K order follows it)
+            order = kernel_layout(device_arch("cuda"), layout.hidden, layout.inter)
+            route = partial(routing.route_pairs, ids, layout.num_experts, block_m, zero=counters, permute=(x, xp),
+                            layout=order)  # fmt: skip
 
             routing.route_block = DEFAULT
             ref = [t.clone() for t in route()]
