@@ -279,14 +279,18 @@ def _wgmma_word_order(words: torch.Tensor, inverse: bool) -> torch.Tensor:
     return grouped.transpose(-3, -2).reshape(*lead, n)
 
 
+def _check_kernel_layout(layout: str) -> None:
+    if layout not in LAYOUTS[1:]:
+        raise ValueError(f"layout: expected one of {LAYOUTS[1:]}, got {layout!r}")
+
+
 def to_kernel_layout(
     packed: torch.Tensor, scale: torch.Tensor, layout: str = "kernel"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint ``packed`` [..., K/2] uint8 and ``scale`` [..., K/16] e4m3 -> ``layout``, "kernel" or
     "kernel_wgmma" (new tensors, same shapes and dtypes: the scale tensor holds codes, viewed as e4m3). Same
     values."""
-    if layout not in LAYOUTS[1:]:
-        raise ValueError(f"layout: expected one of {LAYOUTS[1:]}, got {layout!r}")
+    _check_kernel_layout(layout)
     codes = scale_codes(scale)
     words = _remap_words(packed, 0, 1, codes == 0)
     if layout == "kernel_wgmma":
@@ -298,8 +302,7 @@ def from_kernel_layout(
     packed: torch.Tensor, scale: torch.Tensor, layout: str = "kernel"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of ``to_kernel_layout`` (exact but for the codes of zero-scale blocks, which are 0)."""
-    if layout not in LAYOUTS[1:]:
-        raise ValueError(f"layout: expected one of {LAYOUTS[1:]}, got {layout!r}")
+    _check_kernel_layout(layout)
     if layout == "kernel_wgmma":
         packed = _wgmma_word_order(packed.view(torch.int16), inverse=True).contiguous().view(torch.uint8)
     return _remap_words(packed, 1, 0, None), scales_from_codes(scale.view(torch.uint8))

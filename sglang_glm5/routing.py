@@ -213,7 +213,7 @@ def _wgmma_order(layout: str, k: int) -> bool:
     period = activation_period(layout)
     if k % period:
         raise ValueError(f"{layout} layout: K must be a multiple of {period}, got {k}")
-    return period == 64
+    return layout == "kernel_wgmma"
 
 
 def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Tensor:

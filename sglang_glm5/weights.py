@@ -43,19 +43,27 @@ def per_expert_scale(scale: torch.Tensor | float, num_experts: int, name: str, d
     raise ValueError(f"{name}: expected a scalar or shape [{num_experts}], got {list(s.shape)}")
 
 
+def _layout_fits(layout: str, hidden: int, inter: int) -> bool:
+    """Whether both GEMMs' K (H = ``hidden``, I = ``inter``) are whole periods of ``layout``'s activation K order
+    (``nvfp4.activation_period``: 64 for kernel_wgmma)."""
+    period = nvfp4.activation_period(layout)
+    return hidden % period == 0 and inter % period == 0
+
+
 def kernel_layout(arch: int, hidden: int, inter: int) -> str:
     """The W4A16 kernels' weight layout for a GPU of ``arch`` and a layer of H = ``hidden``, I = ``inter``:
     "kernel_wgmma" where wgmma takes the decoded weights from registers (``hardware.wgmma_from_registers``)
     and H, I are multiples of 64, else "kernel" (``nvfp4.LAYOUTS``)."""
-    if hardware.wgmma_from_registers(arch) and hidden % 64 == 0 and inter % 64 == 0:
+    if hardware.wgmma_from_registers(arch) and _layout_fits("kernel_wgmma", hidden, inter):
         return "kernel_wgmma"
     return "kernel"
 
 
 def _check_layout_shape(layout: str, hidden: int, inter: int) -> None:
     """ValueError unless H = ``hidden`` and I = ``inter`` suit ``layout`` (kernel_wgmma: multiples of 64)."""
-    if layout == "kernel_wgmma" and (hidden % 64 or inter % 64):
-        raise ValueError(f"layout kernel_wgmma: H and I must be multiples of 64, got H={hidden}, I={inter}")
+    if layout == "kernel_wgmma" and not _layout_fits(layout, hidden, inter):
+        period = nvfp4.activation_period(layout)
+        raise ValueError(f"layout {layout}: H and I must be multiples of {period}, got H={hidden}, I={inter}")
 
 
 @dataclass(frozen=True, eq=False)
