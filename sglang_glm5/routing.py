@@ -231,6 +231,16 @@ def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Te
     return xp
 
 
+# The top-k sum's programs (one per token and block of hidden columns): columns each, and warps. Narrower at a few
+# tokens, where the sum is only a handful of programs (GLM-5 H = 6144: 6 a token at 1024 columns). H200, GLM-5 at real
+# routing (bench/README.md, run 27): 512 columns took the op 0.975-0.996x at B = 1-8 (the sum 1.9 -> 1.4 us at TP8
+# B = 1), 0.998-1.010x at B = 16, 0.997-1.005x at B = 64-256; the same sums, bit-identical.
+SUM_BLOCK_H = 1024
+SUM_BLOCK_H_FEW = 512
+SUM_FEW_TOKENS = 8
+SUM_WARPS = 4
+
+
 def sum_over_slots(
     y: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -247,7 +257,8 @@ def sum_over_slots(
     gemm2's split-K partials, added too (slots, then splits, in order). ``pdl`` as ``route_pairs``.
     """
     num_tokens, hidden = out.shape
-    block_h = 1024
+    block_h = SUM_BLOCK_H_FEW if num_tokens <= SUM_FEW_TOKENS else SUM_BLOCK_H
+    warps = SUM_WARPS
     splits = y.shape[0] if y.dim() == 3 else 1
     _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y_ptr=y,
@@ -265,5 +276,6 @@ def sum_over_slots(
         HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,
         PDL=pdl,
+        num_warps=warps,
         launch_pdl=pdl,
     )
