@@ -741,21 +741,55 @@ def moe_align_kernel(
     PERMUTE_K: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
+    EACH_PAIR: tl.constexpr = False,  # a block per valid pair, in pair order, by one program (_route_each_pair)
 ):
     """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
     first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
     expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
-    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``."""
+    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``. With EACH_PAIR, one
+    program routes (``_route_each_pair``: no sort) and the activation tiles' programs follow it."""
     after_previous_launch(PDL)
     let_next_launch(PDL)
     e = tl.program_id(0)
-    if PERMUTE and e > num_experts:
+    if EACH_PAIR:
+        if PERMUTE and e > 0:
+            permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, e - 1, PERMUTE_T,
+                                    PERMUTE_K, WGMMA)  # fmt: skip
+        else:
+            _route_each_pair(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
+                             num_experts, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+    elif PERMUTE and e > num_experts:
         tile = e - num_experts - 1
         permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K,
                                 WGMMA)  # fmt: skip
     else:
         _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
                        num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _route_each_pair(
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
+    num_zero, BLOCK_M: tl.constexpr, BLOCKS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``moe_align_kernel`` for a few pairs (num_blocks <= BLOCKS_PAD, a power of two): block r holds the r-th valid
+    pair alone (pair order), blocks past the valid pairs get expert -1. Two pairs of one expert take two blocks, so
+    no sort and no histogram: one program."""
+    for start in range(0, num_zero, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+    b = tl.arange(0, BLOCKS_PAD)
+    ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1)
+    ok = (ids >= 0) & (ids < num_experts)
+    rank = tl.cumsum(ok.to(tl.int32), axis=0) - 1  # the block of pair b, if valid
+    used = tl.sum(ok.to(tl.int32), axis=0)
+    tl.store(block_expert_ptr + b, -1, mask=(b >= used) & (b < num_blocks))
+    tl.store(block_expert_ptr + rank, ids.to(tl.int32), mask=ok)
+    slot = tl.arange(0, BLOCK_M)
+    padding = (b < num_blocks)[:, None] & ((b >= used)[:, None] | (slot > 0)[None, :])
+    tl.store(sorted_ids_ptr + b[:, None] * BLOCK_M + slot[None, :], num_pairs, mask=padding)
+    tl.store(sorted_ids_ptr + rank * BLOCK_M, b, mask=ok)
+    tl.store(used_blocks_ptr, used)
 
 
 @triton.jit
