@@ -734,30 +734,30 @@ def moe_align_kernel(
     stride_xt,
     stride_pt,
     BLOCK_M: tl.constexpr,
-    E_PAD: tl.constexpr,  # power of two >= num_experts (with FEW: >= num_pairs)
+    E_PAD: tl.constexpr,  # power of two >= num_experts
     BLOCK: tl.constexpr,
     PERMUTE: tl.constexpr,  # programs past E also write x in the GEMMs' K order (prepare_activations_kernel)
     PERMUTE_T: tl.constexpr,
     PERMUTE_K: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
-    FEW: tl.constexpr = False,  # at most E_PAD pairs: one program sorts them (_route_few)
+    EACH_PAIR: tl.constexpr = False,  # a block per valid pair, in pair order, by one program (_route_each_pair)
 ):
     """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
     first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
     expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
-    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``. With FEW (at most
-    E_PAD pairs), one program writes the same blocks (``_route_few``) and the activation tiles' programs follow it."""
+    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``. With EACH_PAIR, one
+    program routes (``_route_each_pair``: no sort) and the activation tiles' programs follow it."""
     after_previous_launch(PDL)
     let_next_launch(PDL)
     e = tl.program_id(0)
-    if FEW:
+    if EACH_PAIR:
         if PERMUTE and e > 0:
             permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, e - 1, PERMUTE_T,
                                     PERMUTE_K, WGMMA)  # fmt: skip
         else:
-            _route_few(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                       num_experts, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+            _route_each_pair(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
+                             num_experts, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
     elif PERMUTE and e > num_experts:
         tile = e - num_experts - 1
         permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K,
@@ -768,39 +768,28 @@ def moe_align_kernel(
 
 
 @triton.jit
-def _route_few(
+def _route_each_pair(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    num_zero, BLOCK_M: tl.constexpr, BLOCKS_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """``moe_align_kernel`` for at most P_PAD pairs (a power of two) in one program: the same blocks as the E + 1
-    sorting programs write, from [pair, pair] comparisons instead of a histogram of every expert. Pair p's
-    occurrence j among its expert's pairs puts it in slot j % BLOCK_M of that expert's block j // BLOCK_M; an
-    expert's first block follows the blocks of every expert with a smaller id."""
+    """``moe_align_kernel`` for a few pairs (num_blocks <= BLOCKS_PAD, a power of two): block r holds the r-th valid
+    pair alone (pair order), blocks past the valid pairs get expert -1. Two pairs of one expert take two blocks, so
+    no sort and no histogram: one program."""
     for start in range(0, num_zero, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
-    p = tl.arange(0, P_PAD)
-    ids = tl.load(topk_ids_ptr + p, mask=p < num_pairs, other=-1)
+    b = tl.arange(0, BLOCKS_PAD)
+    ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1)
     ok = (ids >= 0) & (ids < num_experts)
-    e = tl.where(ok, ids, -1).to(tl.int32)
-    same = (e[:, None] == e[None, :]) & ok[:, None] & ok[None, :]  # [p, q]: one expert
-    j = tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1)  # pairs of p's expert before p
-    count = tl.sum(same.to(tl.int32), axis=1)
-    first = ok & (j == 0)
-    blocks = tl.where(first, (count + BLOCK_M - 1) // BLOCK_M, 0)  # each expert's, at its first pair
-    below = first[None, :] & (e[None, :] < e[:, None])  # [p, q]: q is the first pair of an expert below p's
-    block = tl.sum(tl.where(below, blocks[None, :], 0), axis=1) + j // BLOCK_M
-    # padding and unused blocks first; the barrier orders the pairs' stores after them (same addresses)
-    for start in range(0, num_blocks * BLOCK_M, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
-    for start in range(0, num_blocks, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
-    tl.debug_barrier()
-    tl.store(sorted_ids_ptr + block * BLOCK_M + j % BLOCK_M, p, mask=ok)
-    tl.store(block_expert_ptr + block, e, mask=ok & (j % BLOCK_M == 0))
-    tl.store(used_blocks_ptr, tl.sum(blocks, axis=0))
+    rank = tl.cumsum(ok.to(tl.int32), axis=0) - 1  # the block of pair b, if valid
+    used = tl.sum(ok.to(tl.int32), axis=0)
+    tl.store(block_expert_ptr + b, -1, mask=(b >= used) & (b < num_blocks))
+    tl.store(block_expert_ptr + rank, ids.to(tl.int32), mask=ok)
+    slot = tl.arange(0, BLOCK_M)
+    padding = (b < num_blocks)[:, None] & ((b >= used)[:, None] | (slot > 0)[None, :])
+    tl.store(sorted_ids_ptr + b[:, None] * BLOCK_M + slot[None, :], num_pairs, mask=padding)
+    tl.store(sorted_ids_ptr + rank * BLOCK_M, b, mask=ok)
+    tl.store(used_blocks_ptr, used)
 
 
 @triton.jit

@@ -115,9 +115,6 @@ def num_blocks_bound(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m + 1
 
 
-# Up to this many pairs one program of the routing launch sorts them ([pair, pair] comparisons) instead of E + 1
-# (each building the histogram of every expert: 257 at GLM-5 TP8). The same blocks.
-FEW_ROUTE_PAIRS = 64
 # From this many pairs the routing launch walks the ids in wide steps on 8 warps (``route_block``).
 WIDE_ROUTE_PAIRS = 32768
 
@@ -143,6 +140,7 @@ def route_pairs(
     *,
     pdl: bool = False,
     layout: str = "checkpoint",
+    each_pair: bool = False,
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
 
@@ -154,11 +152,16 @@ def route_pairs(
     (``layout``: the weights' that the GEMMs read, ``nvfp4.LAYOUTS``).
     ``pdl``: launch with programmatic dependent launch (``uses_pdl``).
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
-    Up to ``FEW_ROUTE_PAIRS`` pairs one program sorts them (the same blocks).
+
+    ``each_pair`` (at most E pairs): no sort, one routing program instead of E + 1; block r holds the r-th valid
+    pair alone, in pair order, so two pairs of one expert take two blocks (``EACH_PAIR_MAX_PAIRS``). The GEMMs
+    compute each pair's row as they would in a shared block: the op's output does not change.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
     num_blocks = num_blocks_bound(num_pairs, num_experts, block_m)
+    if each_pair and num_pairs > min(num_experts, num_blocks):
+        raise ValueError(f"each_pair: at most {num_experts} pairs (the experts), got {num_pairs}")
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
     used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
@@ -166,8 +169,7 @@ def route_pairs(
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
     block, warps = route_block(num_pairs, num_experts)
-    few = num_pairs <= FEW_ROUTE_PAIRS
-    routers = 1 if few else num_experts + 1
+    routers = 1 if each_pair else num_experts + 1
     _k.moe_align_kernel[(routers + tiles,)](
         topk_ids_ptr=ids,
         sorted_ids_ptr=sorted_ids,
@@ -185,14 +187,14 @@ def route_pairs(
         stride_xt=x.stride(0),
         stride_pt=xp.stride(0),
         BLOCK_M=block_m,
-        E_PAD=max(16, triton.next_power_of_2(num_pairs if few else num_experts)),
+        E_PAD=max(16, triton.next_power_of_2(num_blocks if each_pair else num_experts)),
         BLOCK=block,
         PERMUTE=permute is not None,
         PERMUTE_T=PERMUTE_T,
         PERMUTE_K=PERMUTE_K,
         PDL=pdl,
         WGMMA=_wgmma_order(layout, x_cols),
-        FEW=few,
+        EACH_PAIR=each_pair,
         launch_pdl=pdl,
         num_warps=warps,
     )

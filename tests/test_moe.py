@@ -170,29 +170,6 @@ def test_the_wgmma_activation_order_needs_k_in_multiples_of_64(gen, device):
         routing.prepare_activations(x, "kernel_wgmma")
 
 
-@pytest.mark.parametrize("num_pairs, num_experts, block_m", [
-    (8, 32, 16), (16, 8, 16), (64, 256, 16), (64, 4, 16), (40, 1, 16), (65, 8, 16), (0, 8, 16), (33, 9, 4),
-])  # fmt: skip
-def test_few_pair_routing_writes_the_sorting_programs_blocks(num_pairs, num_experts, block_m, gen, device,
-                                                             monkeypatch):  # fmt: skip
-    # Up to routing.FEW_ROUTE_PAIRS (64) pairs one program sorts them: the same blocks, used count and zeroed counters
-    # as the E + 1 sorting programs and the torch reference; one expert may hold more pairs than a block (40 on 1),
-    # ids may be -1 or past E; 65 pairs take the E + 1 programs.
-    from sglang_glm5 import routing
-
-    ids = torch.randint(-1, num_experts + 1, (num_pairs,), generator=gen, dtype=torch.int32).to(device)
-    ref = align_pairs_by_expert_reference(ids.cpu(), num_experts, block_m)
-    routes = []
-    for few in (routing.FEW_ROUTE_PAIRS, 0):
-        monkeypatch.setattr(routing, "FEW_ROUTE_PAIRS", few)
-        zero = torch.full((21,), 5, dtype=torch.int32, device=device)
-        routes.append(routing.route_pairs(ids, num_experts, block_m, zero=zero))
-        assert not zero.any()
-    for route in routes:
-        assert torch.equal(route.sorted_ids.cpu(), ref[0]) and torch.equal(route.block_expert.cpu(), ref[1])
-        assert int(route.used_blocks) == int((ref[1] >= 0).sum())
-
-
 def test_align_pairs_by_expert(device):
     ids = torch.tensor([[2, 0], [2, -1], [5, 2], [0, 7]], dtype=torch.int32)  # E = 6: 7 is out of range
     sorted_ids, block_expert = (t.cpu() for t in align_pairs_by_expert(ids.to(device), 6, 4))

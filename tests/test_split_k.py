@@ -220,33 +220,54 @@ def test_a_launch_with_an_empty_split_is_refused(gen, device):
                          routing.interpreting(), per_program=1, launch=w4a16.Launch(1, 3, 64))  # fmt: skip
 
 
+def test_each_pair_routing_gives_a_block_per_valid_pair(gen, device):
+    # Two tokens share expert 3, one slot is remote (-1), one id is past E (dropped): six valid pairs in pair order.
+    ids = torch.tensor([[3, -1, 0, 5], [3, 7, 9, 1]], dtype=torch.int32, device=device)
+    block_m = 16
+    route = routing.route_pairs(ids, 8, block_m, each_pair=True)
+    valid = [p for p, e in enumerate(ids.reshape(-1).tolist()) if 0 <= e < 8]
+    blocks = routing.num_blocks_bound(ids.numel(), 8, block_m)
+    assert int(route.used_blocks) == len(valid) == 6
+    assert route.block_expert.tolist() == [ids.reshape(-1)[p].item() for p in valid] + [-1] * (blocks - 6)
+    sorted_ids = route.sorted_ids.view(blocks, block_m).cpu()
+    assert sorted_ids[:6, 0].tolist() == valid
+    padding = torch.ones_like(sorted_ids, dtype=torch.bool)
+    padding[:6, 0] = False
+    assert (sorted_ids[padding] == ids.numel()).all()
+    with pytest.raises(ValueError, match="each_pair"):
+        routing.route_pairs(torch.zeros(3, 4, dtype=torch.int32, device=device), 8, block_m, each_pair=True)
+
+
 @pytest.mark.parametrize("num_tokens, idle", [(1, 0), (2, 0), (4, 1), (2, 2)])
-def test_few_pair_routing_gives_the_sorting_programs_bits(num_tokens, idle, gen, device, monkeypatch):
-    # Up to routing.FEW_ROUTE_PAIRS pairs one program sorts them: the same blocks, so the op's bits. Four tokens over
-    # three active experts share experts across tokens; idle tokens have no local slot (their rows are 0), and with
-    # (2, 2) no pair is valid at all.
+def test_each_pair_routing_gives_the_sorted_routings_bits(num_tokens, idle, gen, device, monkeypatch):
+    # At most EACH_PAIR_MAX_PAIRS pairs the op routes each pair to a block of its own (no sort); a pair's row is the
+    # same sums either way. Four tokens over three active experts share experts across tokens; idle tokens have no
+    # local slot (their rows are 0), and with (2, 2) no pair is valid at all.
     case = Case(num_tokens, active=3, num_experts=16, idle=idle)
-    assert num_tokens * case.top_k <= routing.FEW_ROUTE_PAIRS
+    assert num_tokens * case.top_k <= min(w4a16.EACH_PAIR_MAX_PAIRS, case.num_experts)
     _, _, _, _, want, args = _inputs(case, gen, device)
-    few = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(routing, "FEW_ROUTE_PAIRS", 0)
-    sorting = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    assert torch.equal(few, sorting)
+    taken = []
+    route = w4a16.route_pairs
+    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: taken.append(k["each_pair"]) or route(*a, **k))
+    each = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    monkeypatch.setattr(w4a16, "EACH_PAIR_MAX_PAIRS", 0)
+    sorted_ = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    assert taken == [True, False]
+    assert torch.equal(each, sorted_)
     if idle == num_tokens:
-        assert not few.any(), "no local slot: every row is 0"
+        assert not each.any(), "no local slot: every row is 0"
     else:
-        assert _rel(few, want) < 1e-2
+        assert _rel(each, want) < 1e-2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("few", [64, 0])  # 16 pairs: routed by one program, or by E + 1 (routing.FEW_ROUTE_PAIRS)
-def test_graph_replays_with_one_expert_then_all(few, gen, device, monkeypatch):
+@pytest.mark.parametrize("num_experts", [8, 16])  # 16 pairs: sorted by expert with 8, a block per pair with 16
+def test_graph_replays_with_one_expert_then_all(num_experts, gen, device):
     # A graph captured with one routing must stay right when the next step's routing is very different:
     # the grid and the splits are fixed at capture, the blocks in use come from the device.
     if device.type != "cuda":
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
-    monkeypatch.setattr(routing, "FEW_ROUTE_PAIRS", few)
-    case = Case(4, active=1, num_experts=8, hidden=1024, inter=512)
+    case = Case(4, active=1, num_experts=num_experts, hidden=1024, inter=512)
     layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
     args = [a.to(device) for a in layer.args()]
     x = torch.empty(case.num_tokens, case.hidden, dtype=torch.bfloat16, device=device)

@@ -1,8 +1,5 @@
 """Experiment: the routing launch at a few pairs, sorted by expert (E + 1 programs) or a block per valid pair (one).
 
-Runs at commit d25ebc9, which has the switch (replaced by the one-program sort of ``routing.FEW_ROUTE_PAIRS``, which
-writes the sorted blocks themselves: bench/README.md run 27).
-
 ``w4a16.EACH_PAIR_MAX_PAIRS`` (0: always sorted): up to that many pairs (T * k, at most E) the routing launch gives
 each valid pair a block of its own in one program, without the histogram every one of the E + 1 sorting programs
 builds (257 programs at GLM-5 TP8). Times the op at real routing, round-robin from CUDA graphs, with per-kernel

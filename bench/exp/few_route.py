@@ -1,5 +1,8 @@
 """Experiment: the routing launch at a few pairs, by its E + 1 sorting programs or by one (``routing.FEW_ROUTE_PAIRS``).
 
+Runs at commit f2a30a9, which has the switch (slower than the block-per-pair routing: bench/README.md run 27; reverted
+after it).
+
 Each of the E + 1 programs (257 at GLM-5 TP8) builds the histogram of every expert to place its own expert's pairs;
 up to ``FEW_ROUTE_PAIRS`` pairs one program writes the same blocks from [pair, pair] comparisons. Times the op at
 real routing, round-robin from CUDA graphs, with per-kernel device times and a bit check (the same blocks, so the
