@@ -154,13 +154,13 @@ def route_pairs(
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
 
     ``each_pair`` (at most E pairs): no sort, one routing program instead of E + 1; block r holds the r-th valid
-    pair alone, in pair order, so two pairs of one expert take two blocks (``EACH_PAIR_MAX_PAIRS``). The GEMMs
+    pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16.EACH_PAIR_MAX_PAIRS``). The GEMMs
     compute each pair's row as they would in a shared block: the op's output does not change.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
     num_blocks = num_blocks_bound(num_pairs, num_experts, block_m)
-    if each_pair and num_pairs > min(num_experts, num_blocks):
+    if each_pair and num_pairs > num_experts:  # then num_blocks_bound gives a block per pair (and one more)
         raise ValueError(f"each_pair: at most {num_experts} pairs (the experts), got {num_pairs}")
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
