@@ -288,3 +288,23 @@ def sum_over_slots(
         num_warps=warps,
         launch_pdl=pdl,
     )
+
+
+# The small launches' pointer arguments and their element types, for ahead-of-time compiles (``aot_job``); every other
+# argument is an i32, none assumed a multiple of 16 (a decode step's pair count is not).
+_AOT_POINTERS = {
+    "topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
+    "zero_ptr": "*i32", "x_ptr": "*bf16", "xp_ptr": "*bf16", "y_ptr": "*fp32", "row_map_ptr": "*i32",
+    "out_ptr": "*bf16",
+}  # fmt: skip
+
+
+def aot_job(kernel: str, consts: dict, arch: int, num_warps: int = 4) -> str:
+    """One ahead-of-time compile of a small launch ("align": the routing, "sum": the top-k sum) for ``sm_{arch}``
+    (``sglang_glm5.aot`` worker; no GPU needed): its PTX. The op compiles these when it first runs."""
+    from sglang_glm5.tiles import GemmConfig, compile_for_target
+
+    fn = {"align": _k.moe_align_kernel, "sum": _k.moe_sum_kernel}[kernel]
+    warps = GemmConfig(16, 64, 64, num_warps=num_warps, num_stages=1)  # only the warp count is read
+    ints = {a for a in fn.arg_names if a not in consts and a not in _AOT_POINTERS}
+    return compile_for_target(fn, consts, warps, arch, _AOT_POINTERS, ints).asm["ptx"]

@@ -2,9 +2,10 @@
 
 Each variant is the shipped gemm1 (``kernels/nvfp4_moe.py``, copied to a temporary module and edited) compiled for
 sm_90 in the form its size launches (decode tiles: SPLITS 2, no block loop, block axis last; prefill tiles: no split,
-the block loop) and the kernel_wgmma layout; printed: registers, stack (spills), shared memory, the K loop's instructions, its WARPGROUP instructions
-(arrive and wait: 14 when the wgmma groups overlap as shipped, 2 per wgmma when ptxas serializes them), whether
-ptxas reports C7513 (wgmma serialized), and the most wgmma groups Triton leaves in flight at a wait (``pendings``).
+the block loop) and the kernel_wgmma layout; printed: registers, stack (spills), shared memory, the K loop's
+instructions, its WARPGROUP instructions (arrive and wait: 14 when the wgmma groups overlap as shipped, 2 per wgmma
+when ptxas serializes them), whether ptxas reports C7513 (wgmma serialized), and the most wgmma groups Triton leaves
+in flight at a wait (``pendings``).
 
 - ``shipped``: cp.async for the packed weights, scales and activations.
 - ``tma at use``: the packed weights and scales of gate and of up through TMA descriptors (device-side
@@ -38,7 +39,7 @@ KERNELS = Path(__file__).resolve().parents[2] / "kernels" / "nvfp4_moe.py"
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 TILE = os.environ.get("EXP_TILE", "16x128x256-w4-s3")
 
-HELPERS = '''
+HELPERS = """
 @triton.jit
 def _concat_k(a, b):
     N: tl.constexpr = a.shape[0]
@@ -64,7 +65,7 @@ def _dot_desc(acc, w, s, x0, x1, x2, x3, DTYPE: tl.constexpr, LAYOUT: tl.constex
     return tl.dot(w3, x3, acc)
 
 
-# The GEMM kernels' shared prologue'''
+# The GEMM kernels' shared prologue"""
 
 LOOP = """    for k0 in range(k_begin, k_end, BLOCK_K):
         x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
@@ -88,10 +89,14 @@ DESCRIPTORS = """    rows_all = (stride_we // stride_wn) * 64  # E * 2I rows, E 
 """
 
 LOOPS = {
-    "tma at use": DESCRIPTORS + """
-        acc_g = _dot_desc(acc_g, w_desc.load([rowg, k0 // 4]), s_desc.load([rowg, k0 // 16]), x0, x1, x2, x3, DT, LAYOUT)
-        acc_u = _dot_desc(acc_u, w_desc.load([rowu, k0 // 4]), s_desc.load([rowu, k0 // 16]), x0, x1, x2, x3, DT, LAYOUT)""",
-    "tma at top": DESCRIPTORS + """
+    "tma at use": DESCRIPTORS
+    + """
+        acc_g = _dot_desc(acc_g, w_desc.load([rowg, k0 // 4]), s_desc.load([rowg, k0 // 16]), x0, x1, x2, x3, DT,
+                          LAYOUT)
+        acc_u = _dot_desc(acc_u, w_desc.load([rowu, k0 // 4]), s_desc.load([rowu, k0 // 16]), x0, x1, x2, x3, DT,
+                          LAYOUT)""",
+    "tma at top": DESCRIPTORS
+    + """
         pg = w_desc.load([rowg, k0 // 4])
         sg = s_desc.load([rowg, k0 // 16])
         pu = w_desc.load([rowu, k0 // 4])
@@ -188,7 +193,9 @@ def main(out: Path) -> None:
             rows.append(probe("mma.sync", nvfp4_moe.nvfp4_moe_gemm1_kernel, w4a16_config(label),
                               {"SPLITS": 1, "BLOCK_LOOP": False}, folder))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"aot_load_forms_{TILE}.json").write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n")
+    (out / f"aot_load_forms_{TILE}.json").write_text(
+        json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n"
+    )
 
 
 def w4a16_config(label: str) -> GemmConfig:

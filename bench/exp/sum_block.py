@@ -19,7 +19,9 @@ from sglang_glm5 import routing
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,64,256").split(","))
 SETTINGS = {
     f"{cols} cols, {warps} warps" if i == 0 else f"{cols}, {warps}": {
-        "SUM_BLOCK_H": cols, "SUM_BLOCK_H_FEW": cols, "SUM_WARPS": warps
+        "SUM_BLOCK_H": cols,
+        "SUM_BLOCK_H_FEW": cols,
+        "SUM_WARPS": warps,
     }
     for i, (cols, warps) in enumerate(((1024, 4), (512, 4), (256, 2), (256, 1)))
 }
