@@ -267,7 +267,6 @@ def sum_over_slots(
     """
     num_tokens, hidden = out.shape
     block_h = SUM_BLOCK_H_FEW if num_tokens <= SUM_FEW_TOKENS else SUM_BLOCK_H
-    warps = SUM_WARPS
     splits = y.shape[0] if y.dim() == 3 else 1
     _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y_ptr=y,
@@ -285,7 +284,7 @@ def sum_over_slots(
         HAS_ROW_MAP=row_map is not None,
         INTERPRETER=interpret,
         PDL=pdl,
-        num_warps=warps,
+        num_warps=SUM_WARPS,
         launch_pdl=pdl,
     )
 
