@@ -9,6 +9,7 @@ Hopper 232448 B), and oversized configs still compile, the limit being checked o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # K splits a GEMM may use at decode (the last program of a gemm1 tile adds them, unrolled).
@@ -54,6 +55,15 @@ class GemmConfig:
     def label(self) -> str:
         split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
         return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}"
+
+    @classmethod
+    def from_label(cls, label: str) -> GemmConfig:
+        """The config of ``label`` ("16x128x256-w4-s3", with "-k2" or "-p1" for a fixed split or plan)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+))?", label)
+        if m is None:
+            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1], got {label!r}")
+        block_m, block_n, block_k, warps, stages, split_k, per_sm = (int(v) if v else 0 for v in m.groups())
+        return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm)
 
     def as_dict(self) -> dict[str, int]:
         d = {

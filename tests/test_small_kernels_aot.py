@@ -3,8 +3,8 @@
 The GEMMs' configs are compiled for sm_120 in tests/test_tiles.py; these kernels have no config and are compiled only
 when the op first runs on a GPU, which no CI machine has, and no SM120 GPU has run them. Each is compiled here in the
 forms the op launches (sorted routing or a block per pair, with and without the activation layout, either K order,
-a decode step's narrow walk over the ids and a prefill step's wide one, programmatic dependent launch on; the sum with and without split partials and a row map), on the CPU, in the
-ahead-of-time workers (``sglang_glm5.aot``).
+a decode step's narrow walk over the ids and a prefill step's wide one, programmatic dependent launch on; the sum
+with and without split partials and a row map), on the CPU, in the ahead-of-time workers (``sglang_glm5.aot``).
 """
 
 from sglang_glm5 import routing

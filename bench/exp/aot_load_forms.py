@@ -172,11 +172,11 @@ def probe(name: str, fn, cfg: GemmConfig, form: dict, folder: Path) -> dict:
 
 
 def main(out: Path) -> None:
+    cfg = GemmConfig.from_label(TILE)
     # the form each size launches: decode tiles split K over the whole grid, prefill tiles walk the blocks unsplit
     split_form = {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True}
-    if w4a16_config(TILE).block_m > 16:
+    if cfg.block_m > 16:
         split_form = {"SPLITS": 1, "BLOCK_LOOP": True}
-    cfg = w4a16_config(TILE)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -190,18 +190,12 @@ def main(out: Path) -> None:
                 continue
             rows.append(probe(name, variant_module(name, loop, folder).nvfp4_moe_gemm1_kernel, cfg, split_form, folder))
         for label in ("16x16x256-w1-s4", "16x32x256-w2-s4"):
-            rows.append(probe("mma.sync", nvfp4_moe.nvfp4_moe_gemm1_kernel, w4a16_config(label),
+            rows.append(probe("mma.sync", nvfp4_moe.nvfp4_moe_gemm1_kernel, GemmConfig.from_label(label),
                               {"SPLITS": 1, "BLOCK_LOOP": False}, folder))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / f"aot_load_forms_{TILE}.json").write_text(
         json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n"
     )
-
-
-def w4a16_config(label: str) -> GemmConfig:
-    shape, warps, stages = label.split("-")
-    m, n, k = (int(v) for v in shape.split("x"))
-    return GemmConfig(m, n, k, int(warps[1:]), int(stages[1:]))
 
 
 if __name__ == "__main__":

@@ -37,12 +37,6 @@ VARIANTS = {
 }
 
 
-def parse(label: str) -> GemmConfig:
-    mnk, w, s = label.split("-")
-    m, n, k = map(int, mnk.split("x"))
-    return GemmConfig(m, n, k, int(w[1:]), int(s[1:]))
-
-
 def main(out: Path) -> None:
     gen = generator(13)
     bw = bench_real.copy_bandwidth()
@@ -51,7 +45,9 @@ def main(out: Path) -> None:
     for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
         cached = cached_config(layout, batch)
         configs = {
-            v: dataclasses.replace(cached, **{g: parse(t) for g, t in zip(("gemm1", "gemm2"), tiles, strict=True) if t})
+            v: dataclasses.replace(
+                cached, **{g: GemmConfig.from_label(t) for g, t in zip(("gemm1", "gemm2"), tiles, strict=True) if t}
+            )
             for v, tiles in VARIANTS.items()
         }
 

@@ -23,12 +23,7 @@ CASES = [("ep8", 1), ("ep8", 4), ("ep8", 16), ("ep8", 64), ("tp8", 1), ("tp8", 1
 
 
 def cfg(g1: str, g2: str) -> MoeConfig:
-    def parse(label: str) -> GemmConfig:
-        mnk, w, s = label.split("-")
-        m, n, k = map(int, mnk.split("x"))
-        return GemmConfig(m, n, k, int(w[1:]), int(s[1:]))
-
-    return MoeConfig(parse(g1), parse(g2))
+    return MoeConfig(GemmConfig.from_label(g1), GemmConfig.from_label(g2))
 
 
 VARIANTS = {

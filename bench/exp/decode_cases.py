@@ -153,12 +153,7 @@ def tile_override(**tiles: str):
 
     pick = autotune.pick_config
 
-    def parse(label: str) -> GemmConfig:
-        shape, warps, stages = label.split("-")
-        m, n, k = (int(v) for v in shape.split("x"))
-        return GemmConfig(m, n, k, int(warps[1:]), int(stages[1:]))
-
     def pick_with(*args, **kwargs):
-        return dataclasses.replace(pick(*args, **kwargs), **{g: parse(label) for g, label in tiles.items()})
+        return dataclasses.replace(pick(*args, **kwargs), **{g: GemmConfig.from_label(t) for g, t in tiles.items()})
 
     return pick_with

@@ -25,16 +25,10 @@ BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "4,16,64,256").spl
 PICK, AT_ONCE = autotune.pick_config, w4a16.REDUCE_AT_ONCE
 
 
-def tile(label: str) -> GemmConfig:
-    shape, warps, stages = label.split("-")
-    m, n, k = (int(v) for v in shape.split("x"))
-    return GemmConfig(m, n, k, int(warps[1:]), int(stages[1:]))
-
-
 def setting(gemm: str | None, label: str | None, at_once: int):
     def pick(*args, **kwargs):
         cfg = PICK(*args, **kwargs)
-        return dataclasses.replace(cfg, **{gemm: tile(label)}) if gemm else cfg
+        return dataclasses.replace(cfg, **{gemm: GemmConfig.from_label(label)}) if gemm else cfg
 
     def setup():
         autotune.pick_config, w4a16.REDUCE_AT_ONCE = pick, at_once

@@ -83,12 +83,6 @@ def gemm1_swapped_kernel(
         tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, False), mask=row_ok[:, None] & n_ok[None, :])
 
 
-def parse(label: str) -> GemmConfig:
-    mnk, w, s = label.split("-")
-    m, n, k = map(int, mnk.split("x"))
-    return GemmConfig(m, n, k, int(w[1:]), int(s[1:]))
-
-
 def swapped(xp, bundle, route, h, cfg: GemmConfig, top_k):
     w13 = bundle.w13.view(torch.int16)
     gate_row0, up_row0 = bundle.gate_up_rows
@@ -123,7 +117,7 @@ def time_case(name: str, layout, bundle, batch: int, gen) -> dict:
     times = {f"op {cfg.label}": bench_real._time(op, False, 1)}
     rel = {}
     for label in TILES:
-        tile = parse(label)
+        tile = GemmConfig.from_label(label)
         r = routing.route_pairs(ids, layout.num_experts, tile.block_m)
         h = torch.zeros_like(ref)
         try:

@@ -44,12 +44,6 @@ G2 = tuple(os.environ.get("EXP_G2", ",".join((
 ))).split(","))  # fmt: skip
 
 
-def parse(label: str) -> GemmConfig:
-    mnk, w, s = label.split("-")
-    m, n, k = map(int, mnk.split("x"))
-    return GemmConfig(m, n, k, int(w[1:]), int(s[1:]))
-
-
 def ms(fn) -> float:
     return bench_real._time(fn, False, 1)
 
@@ -84,7 +78,7 @@ def run_layout(name: str, gen: torch.Generator, bw: float) -> list[dict]:
         trials = {}
         for gemm, labels in (("gemm1", G1), ("gemm2", G2)):
             for label in labels:
-                cfg = dataclasses.replace(cached, **{gemm: parse(label)})
+                cfg = dataclasses.replace(cached, **{gemm: GemmConfig.from_label(label)})
                 try:
                     got = op(cfg).float()
                     tm = ms(lambda c=cfg: op(c))
@@ -99,7 +93,7 @@ def run_layout(name: str, gen: torch.Generator, bw: float) -> list[dict]:
         for gemm in ("gemm1", "gemm2"):
             mine = {k.split()[1]: v["ms"] for k, v in trials.items() if k.startswith(gemm)}
             if mine and min(mine.values()) < t["cached"]:
-                best[gemm] = parse(min(mine, key=mine.get))
+                best[gemm] = GemmConfig.from_label(min(mine, key=mine.get))
         combo = dataclasses.replace(cached, **best)
         fixed["combo"] = lambda c=combo: op(c)
         rounds = {k: [] for k in fixed}
