@@ -436,14 +436,26 @@ def nvfp4_moe_gemm1_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)
+    STREAM: tl.constexpr = False,  # grid (programs,): each walks an equal share of all (block, tile, K step)s
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
     bound on blocks, and idle programs cost one load. With SPLITS > 1, each program writes its fp32
     partial sums; the last to arrive at a (block, tile) counter (an integer atomic) adds the partials
-    in split order, so the result does not depend on which program that is, and applies SiLU * up."""
+    in split order, so the result does not depend on which program that is, and applies SiLU * up.
+
+    With STREAM (a stream-K schedule, ``_gemm1_stream``) the grid is a number of persistent programs that share the
+    work of the used blocks equally, whatever the number of blocks: no program count to plan from expected blocks,
+    no tail wave."""
     after_previous_launch(PDL)
-    if BLOCK_LOOP:
+    if STREAM:
+        _gemm1_stream(
+            x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr,
+            h_ptr, num_pairs, top_k, inter_size, hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+            stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, LAYOUT,
+            INTERPRETER, PDL,
+        )  # fmt: skip
+    elif BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
@@ -465,20 +477,21 @@ def nvfp4_moe_gemm1_kernel(
 
 
 @triton.jit
-def _gemm1_block(
+def _gemm1_accumulate(
     pid_m,  # the routing block
-    expert,  # its expert
-    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k, inter_size,
-    hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
-    gate_row0, up_row0,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
+    expert,  # its expert (int64)
+    pid_n,  # the N tile
+    k_begin,  # the K slice [k_begin, k_end), whole K steps (k_end may be K)
+    k_end,
+    x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, num_pairs, top_k, inter_size, hidden_size, stride_xt, stride_we, stride_wn,
+    stride_se, stride_sn, gate_row0, up_row0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
 ):  # fmt: skip
-    """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
-    pid_n = _pid(1, BLOCKS_LAST)
+    """Gate and up of N tile pid_n for block pid_m over one K slice -> (acc_g, acc_u) [BLOCK_N, BLOCK_M] fp32, and the
+    tile's rows and columns as ``block_pairs`` and ``tile_columns`` give them (row_ok, pair_safe, offs_n, n_ok,
+    offs_n_safe)."""
     offs_n, n_ok, offs_n_safe = tile_columns(pid_n, inter_size, BLOCK_N)
-    k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
-    expert = expert.to(tl.int64)
     pair, row_ok, pair_safe = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     token = tl.where(row_ok, pair // top_k, 0).to(tl.int64)
     wg_rows, sg_rows = expert_rows(w_ptr, ws_ptr, expert, gate_row0 + offs_n_safe, stride_we, stride_wn, stride_se,
@@ -501,6 +514,45 @@ def _gemm1_block(
         acc_u = _nvfp4_dot(
             acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
+    return acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, offs_n_safe
+
+
+@triton.jit
+def _gemm1_epilogue(
+    acc_g,  # [BLOCK_N, BLOCK_M] fp32, the full-K sums of gate
+    acc_u,  # and of up
+    row_ok, pair_safe, offs_n, n_ok,  # the tile's rows and columns (_gemm1_accumulate)
+    expert, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
+):  # fmt: skip
+    """h = SiLU(gate) * up for the block's pairs (global scales applied), stored in the permuted K order."""
+    gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
+    gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
+    gate = acc_g * gs_gate
+    up = acc_u * gs_up
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n, LAYOUT == 2)[:, None]
+    tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+
+
+@triton.jit
+def _gemm1_block(
+    pid_m,  # the routing block
+    expert,  # its expert
+    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k, inter_size,
+    hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
+    gate_row0, up_row0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
+    LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
+):  # fmt: skip
+    """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
+    pid_n = _pid(1, BLOCKS_LAST)
+    k_begin, k_end = _split_range(hidden_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
+    expert = expert.to(tl.int64)
+    acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, offs_n_safe = _gemm1_accumulate(
+        pid_m, expert, pid_n, k_begin, k_end, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, num_pairs, top_k, inter_size,
+        hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N,
+        BLOCK_K, EVEN_K, LAYOUT, INTERPRETER,
+    )  # fmt: skip
     let_next_launch(PDL)
 
     last = True
@@ -524,13 +576,93 @@ def _gemm1_block(
                 acc_u += tl.load(p_ptrs + split * split_stride + inter_size, mask=mask, other=0.0,
                                  cache_modifier=".cg")  # fmt: skip
     if last:
-        gs_gate = tl.load(wgs_ptr + expert * stride_gse) * 128.0  # DECODE_UNSCALE = 2^7
-        gs_up = tl.load(wgs_ptr + expert * stride_gse + stride_gsg) * 128.0
-        gate = acc_g * gs_gate
-        up = acc_u * gs_up
-        h = gate / (1.0 + tl.exp(-gate)) * up
-        h_ptrs = h_ptr + pair_safe[None, :] * stride_ht + _permuted_column(offs_n, LAYOUT == 2)[:, None]
-        tl.store(h_ptrs, round_to(h, h_ptr.dtype.element_ty, INTERPRETER), mask=row_ok[None, :] & n_ok[:, None])
+        _gemm1_epilogue(acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, expert, wgs_ptr, h_ptr, stride_gse, stride_gsg,
+                        stride_ht, LAYOUT, INTERPRETER)  # fmt: skip
+
+
+# Partial tiles the last program of a stream-K tile loads at a time (``_gemm1_stream``).
+STREAM_GROUP = tl.constexpr(4)
+
+
+@triton.jit
+def _stream_owner(unit, total, programs):
+    """The program of a stream-K schedule whose share holds work unit ``unit``: program p does units
+    [p * total // programs, (p + 1) * total // programs)."""
+    return ((unit + 1) * programs - 1) // total
+
+
+@triton.jit
+def _gemm1_stream(
+    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr, h_ptr,
+    num_pairs, top_k, inter_size, hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse,
+    stride_gsg, stride_ht, gate_row0, up_row0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, LAYOUT: tl.constexpr,
+    INTERPRETER: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """gemm1 as a stream-K schedule. The work units are the K steps of every (used block, N tile), tile-major:
+    unit u is K step u % steps of tile u // steps (block tile // N tiles, N tile tile % N tiles). Program p walks
+    units [p * total // programs, (p + 1) * total // programs) in segments that end at tile boundaries (with at most
+    ``total`` programs: the rest have none, so that every program has at least one unit). A segment
+    that is a whole tile writes h itself. Otherwise the segment's fp32 sums go to the program's partial slot
+    (part[p, 0] for its first segment, part[p, 1] for its last: the only two that can be partial), and the last
+    program to arrive at the tile's counter (an integer atomic) adds the tile's partials in program order, which is
+    K order, and writes h: the result depends on the number of used blocks and programs, not on timing."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(inter_size, BLOCK_N)
+    steps = tl.cdiv(hidden_size, BLOCK_K)
+    total = tl.load(used_blocks_ptr) * (tiles_n * steps)
+    # at most one program per unit, so that every program of a tile's range has a part of it (the counter's count)
+    programs = tl.maximum(tl.minimum(tl.num_programs(0), total), 1)
+    start = tl.minimum(pid, programs) * total // programs
+    end = tl.minimum(pid + 1, programs) * total // programs  # programs past the units: start = end = total
+    # part[p, kind, 0] = gate, part[p, kind, 1] = up: [BLOCK_N, BLOCK_M] fp32 each, whole tiles
+    tile_elems: tl.constexpr = BLOCK_N * BLOCK_M
+    offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    unit = start
+    while unit < end:
+        tile = unit // steps
+        tile_first = tile * steps
+        seg_end = tl.minimum(end, tile_first + steps)
+        pid_m = tile // tiles_n
+        pid_n = tile % tiles_n
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        k_begin = (unit - tile_first) * BLOCK_K
+        k_end = tl.minimum((seg_end - tile_first) * BLOCK_K, hidden_size)
+        acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, _ = _gemm1_accumulate(
+            pid_m, expert, pid_n, k_begin, k_end, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, num_pairs, top_k, inter_size,
+            hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M,
+            BLOCK_N, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER,
+        )  # fmt: skip
+        let_next_launch(PDL)  # after the first K loop, as the other forms (repeating it changes nothing)
+        last = (unit == tile_first) & (seg_end == tile_first + steps)  # the whole tile: nobody else's sums to add
+        if not last:
+            rows = row_ok[None, :]  # the block's pairs only: padding rows are never read
+            slot = part_ptr + (pid * 2 + (unit != start).to(tl.int32)).to(tl.int64) * (2 * tile_elems)
+            tl.store(slot + offs, acc_g, mask=rows)
+            tl.store(slot + tile_elems + offs, acc_u, mask=rows)
+            tl.debug_barrier()  # every thread's partials are written before the counter says so
+            first_p = _stream_owner(tile_first, total, programs)
+            last_p = _stream_owner(tile_first + steps - 1, total, programs)
+            arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            last = arrived == last_p - first_p
+            if last:
+                tl.store(counter_ptr + tile, 0)  # ready for the next launch
+                acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                # in program order, STREAM_GROUP programs' loads in flight at a time (masked past the last: + 0)
+                for p0 in range(first_p, last_p + 1, STREAM_GROUP):
+                    for i in tl.static_range(STREAM_GROUP):
+                        p = p0 + i
+                        # program p's part of this tile is its last segment when its share began before the tile
+                        kind = (p * total // programs < tile_first).to(tl.int32)
+                        other = part_ptr + (p * 2 + kind).to(tl.int64) * (2 * tile_elems)
+                        mask = rows & (p <= last_p)
+                        acc_g += tl.load(other + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                        acc_u += tl.load(other + tile_elems + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        if last:
+            _gemm1_epilogue(acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, expert, wgs_ptr, h_ptr, stride_gse,
+                            stride_gsg, stride_ht, LAYOUT, INTERPRETER)  # fmt: skip
+        unit = seg_end
 
 
 @triton.jit

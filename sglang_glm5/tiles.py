@@ -29,6 +29,7 @@ class GemmConfig:
     num_stages: int = 2
     split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (variants.w4a16), else this many
     programs_per_sm: int = 0  # with split_k 0: what the call's split plan aims for; 0 = the family's default
+    stream: int = 0  # gemm1 of variants.w4a16 only: > 0 = a stream-K schedule of this many programs per SM
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -50,20 +51,29 @@ class GemmConfig:
             )
         if self.split_k and self.programs_per_sm:
             raise ValueError(f"GemmConfig: a fixed split_k ({self.split_k}) leaves no plan for programs_per_sm to aim")
+        if not 0 <= self.stream <= MAX_PROGRAMS_PER_SM:
+            raise ValueError(
+                f"GemmConfig.stream must be in 0..{MAX_PROGRAMS_PER_SM} (0 = no stream-K schedule), got {self.stream}"
+            )
+        if self.stream and (self.split_k or self.programs_per_sm):
+            raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
 
     @property
     def label(self) -> str:
         split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
+        if self.stream:
+            split = f"-sk{self.stream}"
         return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}"
 
     @classmethod
     def from_label(cls, label: str) -> GemmConfig:
-        """The config of ``label`` ("16x128x256-w4-s3", with "-k2" or "-p1" for a fixed split or plan)."""
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+))?", label)
+        """The config of ``label`` ("16x128x256-w4-s3", with "-k2", "-p1" or "-sk2" for a fixed split, plan or stream-K
+        schedule)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?", label)
         if m is None:
-            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1], got {label!r}")
-        block_m, block_n, block_k, warps, stages, split_k, per_sm = (int(v) if v else 0 for v in m.groups())
-        return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm)
+            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2], got {label!r}")
+        block_m, block_n, block_k, warps, stages, split_k, per_sm, stream = (int(v) if v else 0 for v in m.groups())
+        return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm, stream=stream)
 
     def as_dict(self) -> dict[str, int]:
         d = {
@@ -77,6 +87,8 @@ class GemmConfig:
             d["split_k"] = self.split_k
         if self.programs_per_sm:
             d["programs_per_sm"] = self.programs_per_sm
+        if self.stream:
+            d["stream"] = self.stream
         return d
 
 

@@ -303,6 +303,11 @@ def _splits(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket, sms: int = 13
 )
 def test_split_candidates_aim_the_same_tiles_split_elsewhere(shape, kernel, bucket, cfg):
     found = w4a16.split_candidates(kernel, cfg, shape, bucket, 132)
+    streams = [c for c in found if c.stream]
+    found = [c for c in found if not c.stream]
+    # gemm1 also as a stream-K schedule at each of the tried program counts, the tile unchanged
+    want = [dataclasses.replace(cfg, stream=n) for n in w4a16.STREAM_TRIALS] if kernel == "gemm1" else []
+    assert streams == want
     assert found, "a decode bucket with K steps to spare has other split plans to try"
     counts = [_splits(kernel, c, shape, bucket) for c in found]
     for c in found:
@@ -321,6 +326,7 @@ def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
     assert w4a16.split_candidates("gemm1", cfg, EP8, 1, 132) == []  # busy experts: no split at all
     assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, split_k=4), EP8, Fraction(1, 32), 132) == []
     assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, programs_per_sm=1), EP8, Fraction(1, 32), 132) == []
+    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, stream=2), EP8, Fraction(1, 32), 132) == []
     # TP8's gemm2 (K = I = 256) walks several N tiles per program and does not split.
     assert w4a16.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
 
@@ -331,6 +337,11 @@ def test_a_split_target_and_a_fixed_split_count_exclude_each_other():
     with pytest.raises(ValueError, match="programs_per_sm"):
         GemmConfig(16, 64, 256, 4, 3, programs_per_sm=99)
     assert GemmConfig(16, 64, 256, 4, 3, programs_per_sm=1).label == "16x64x256-w4-s3-p1"
+    # a stream-K schedule has no split plan: neither a count nor a target beside it
+    for kwargs in ({"split_k": 2}, {"programs_per_sm": 1}):
+        with pytest.raises(ValueError, match="stream-K schedule"):
+            GemmConfig(16, 64, 256, 4, 3, stream=2, **kwargs)
+    assert GemmConfig(16, 64, 256, 4, 3, stream=3).label == "16x64x256-w4-s3-sk3"
 
 
 def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winning_one(tmp_path):
@@ -358,18 +369,20 @@ def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winnin
     assert report.benchmarked == len(calls)
     for kernel in ("gemm1", "gemm2"):
         timed = [cfg for k, cfg in calls if k == kernel]
-        tiles_first = list(itertools.takewhile(lambda c: not c.programs_per_sm, timed))
+        tiles_first = list(itertools.takewhile(lambda c: not (c.programs_per_sm or c.stream), timed))
         assert len(tiles_first) >= 3 and set(tiles_first) <= set(space), "every fitting tile first, default plan"
         leaders = sorted(tiles_first, key=cost)[: autotune.SPLIT_LEADERS]
         retimed = timed[len(tiles_first) :]
-        assert retimed and all(c.programs_per_sm for c in retimed)
-        assert {dataclasses.replace(c, programs_per_sm=0) for c in retimed} == set(leaders)
+        assert retimed and all(c.programs_per_sm or c.stream for c in retimed)
+        plain = {c: dataclasses.replace(c, programs_per_sm=0, stream=0) for c in retimed}
+        assert set(plain.values()) == set(leaders)
         for tile in leaders:
             want = w4a16.split_candidates(kernel, tile, EP8, bucket, SM120.sm_count)
-            assert [c for c in retimed if dataclasses.replace(c, programs_per_sm=0) == tile] == want
+            assert [c for c in retimed if plain[c] == tile] == want
+            assert any(c.stream for c in want) == (kernel == "gemm1"), "gemm1 also as a stream-K schedule"
         best = entries[_key_of(kernel, EP8, bucket)].config
         assert best == dataclasses.replace(space[1], programs_per_sm=1)
-    assert report.split_trials == sum(1 for _, c in calls if c.programs_per_sm) > 0
+    assert report.split_trials == sum(1 for _, c in calls if c.programs_per_sm or c.stream) > 0
     assert f"({report.split_trials} of them split-plan trials)" in report.summary()
     # A stored split plan is what the op reads back at its bucket; a bucket that borrows the entry (none of its
     # own) gets the tile with the default plan.

@@ -97,13 +97,14 @@ def test_resolve_targets():
 
 @pytest.mark.parametrize("cfg", [
     GemmConfig(16, 128, 256, 4, 3), GemmConfig(128, 256, 64, 8, 3, split_k=2), GemmConfig(16, 64, 256, 4, 3,
-    programs_per_sm=1),
+    programs_per_sm=1), GemmConfig(16, 128, 256, 4, 3, stream=2),
 ])  # fmt: skip
 def test_a_config_label_reads_back_as_the_config(cfg):
     assert GemmConfig.from_label(cfg.label) == cfg
 
 
-@pytest.mark.parametrize("label", ["16x128x256-w4", "16x128-w4-s3", "16x128x256-w4-s3-k2-p1", "16x128x256-w3-s3"])
+@pytest.mark.parametrize("label", ["16x128x256-w4", "16x128-w4-s3", "16x128x256-w4-s3-k2-p1", "16x128x256-w3-s3",
+                                   "16x128x256-w4-s3-sk2-p1", "16x128x256-w4-s3-sk9"])  # fmt: skip
 def test_a_malformed_or_invalid_label_is_refused(label):
     with pytest.raises(ValueError):
         GemmConfig.from_label(label)

@@ -162,6 +162,7 @@ FORMS = {
         {"SPLITS": 1, "BLOCK_LOOP": False},
         {"SPLITS": 2, "BLOCK_LOOP": True},
         {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
+        {"SPLITS": 1, "BLOCK_LOOP": False, "STREAM": True},
     ),
     "gemm2": (
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
@@ -183,6 +184,8 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     }  # fmt: skip
     if kernel == "gemm2":
         consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
+    else:
+        consts["STREAM"] = False  # the stream-K schedule (a form sets it)
     consts.update(form or FORMS[kernel][0])
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
@@ -283,6 +286,13 @@ PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
+# A gemm1 config with ``stream`` (programs per SM) runs as a stream-K schedule (``Launch.stream``) up to this many pairs
+# per expert of the routing (GLM-5: B <= 256), the sizes where it was measured; above, the planned grid.
+STREAM_PAIRS_PER_EXPERT = 8
+# The stream-K programs per SM the tuner tries for gemm1 below one token per expert (``split_candidates``; a config
+# stores the winner as ``stream``). H200, GLM-5 (bench/README.md, run 28): 2 per SM 0.94-0.95x the op at EP8 B = 16
+# (a tile of 2 programs per SM), 3 per SM 0.93x at EP8 B = 4; 2-40% slower at the other sizes measured.
+STREAM_TRIALS = (2, 3)
 
 
 @functools.cache
@@ -311,6 +321,7 @@ class Launch:
     splits: int
     k_per_split: int  # K elements per split, a multiple of block_k
     blocks_last: bool = False  # grid (N programs, K splits, block programs): the used blocks' programs launch first
+    stream: int = 0  # > 0: gemm1 as a stream-K schedule of this many programs (block_programs, splits unused)
 
 
 def plan_launch(
@@ -356,27 +367,32 @@ def plan_gemms(
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
     within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
+    if cfg.gemm1.stream and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts:
+        steps = triton.cdiv(hidden, cfg.gemm1.block_k)
+        launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=cfg.gemm1.stream * sms)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within)  # fmt: skip
-    counters = blocks1[0] * tiles1 if launch1.splits > 1 else 0
+    counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
 def split_candidates(
     kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int, targets: tuple[int, ...] = SPLIT_TRIALS
 ) -> list[GemmConfig]:
-    """``cfg`` with other targets for its K split plan (``GemmConfig.programs_per_sm``: ``targets``), for the
-    tuner to time beside the default plan below one token per expert: those that give the bucket's step
-    (``MoeShape.tokens_at``) another split count than the default does, one per count. A target, not a fixed
-    count, so that every step of the bucket gets the split its own blocks call for. Empty when ``cfg`` fixes its
-    split or target already, at busy buckets, and for a gemm2 that walks several N tiles per program (it does
-    not split).
+    """``cfg`` with other plans for its grid, for the tuner to time beside the default plan.
+
+    Below one token per expert, other targets for its K split plan (``GemmConfig.programs_per_sm``: ``targets``):
+    those that give the bucket's step (``MoeShape.tokens_at``) another split count than the default does, one per
+    count. A target, not a fixed count, so that every step of the bucket gets the split its own blocks call for.
+    For gemm1, also the stream-K schedule at each of STREAM_TRIALS programs per SM (``GemmConfig.stream``). Empty
+    when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that walks several N
+    tiles per program (it does not split).
     """
-    if bucket >= 1 or cfg.split_k or cfg.programs_per_sm:
+    if bucket >= 1 or cfg.split_k or cfg.programs_per_sm or cfg.stream:
         return []
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
@@ -396,6 +412,8 @@ def split_candidates(
         if (n := splits(trial)) not in seen:
             seen.add(n)
             out.append(trial)
+    if kernel == "gemm1":
+        out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
     return out
 
 
@@ -439,12 +457,19 @@ def launch_gemm1(
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
-    if split:
+    if split or launch.stream:
         if counters is None or counters.numel() < route.block_expert.numel() * tiles:
             raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
+    if split:
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
+    if launch.stream:
+        units = route.block_expert.numel() * tiles * triton.cdiv(x.shape[1], cfg.block_k)
+        if launch.stream * units >= 2**31:
+            raise ValueError(f"launch: {launch.stream} stream programs over {units} units overflow int32")
+        # two partial tiles (gate and up) per program for its first and its last segment (kernels/nvfp4_moe.py)
+        part = torch.empty(launch.stream * 2 * 2 * cfg.block_n * cfg.block_m, dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
-    grid = _grid(launch, tiles)
+    grid = (launch.stream, 1, 1) if launch.stream else _grid(launch, tiles)
     _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
         w_ptr=w13,
@@ -453,8 +478,8 @@ def launch_gemm1(
         sorted_ids_ptr=route.sorted_ids,
         block_expert_ptr=route.block_expert,
         used_blocks_ptr=route.used_blocks,
-        part_ptr=part if split else h,
-        counter_ptr=counters if split else route.used_blocks,
+        part_ptr=h if part is None else part,
+        counter_ptr=route.used_blocks if counters is None else counters,
         h_ptr=h,
         num_pairs=num_pairs,
         top_k=top_k,
@@ -476,11 +501,12 @@ def launch_gemm1(
         BLOCK_K=cfg.block_k,
         EVEN_K=x.shape[1] % cfg.block_k == 0,
         SPLITS=launch.splits,
-        BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
+        BLOCK_LOOP=not launch.stream and launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
+        STREAM=launch.stream > 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
