@@ -1,8 +1,10 @@
-"""Split-K and the block-program loop of the W4A16 kernels: decode with few active experts.
+"""Split-K, the block-program loop and the stream-K gemm1 of the W4A16 kernels: decode with few active experts.
 
 At decode a rank under expert parallelism sees a handful of active experts, so the op splits the K
 loop of each GEMM over several programs (``w4a16.plan_launch``) and sizes the grid for the blocks it
-expects rather than for the upper bound. These tests pin the results against the float64 reference,
+expects rather than for the upper bound, or runs gemm1 as a stream-K schedule (``GemmConfig.stream``): a fixed
+number of persistent programs share the K steps of every used (block, N tile) equally, and the last program of a
+cut tile adds its fp32 partials in program order. These tests pin the results against the float64 reference,
 bit-identity across runs, and that a split result does not depend on which program finishes last.
 """
 
@@ -64,6 +66,12 @@ def _inputs(case: Case, gen: torch.Generator, device: torch.device):
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.cpu().double() - want).norm() / want.norm()).item()
+
+
+def _stream_config(per_sm: int) -> MoeConfig:
+    """The heuristic's decode tiles with gemm1 as a stream-K schedule of ``per_sm`` programs per SM."""
+    cfg = w4a16.heuristic_config(1)
+    return MoeConfig(dataclasses.replace(cfg.gemm1, stream=per_sm), cfg.gemm2)
 
 
 @pytest.mark.parametrize(
@@ -261,12 +269,14 @@ def test_each_pair_routing_gives_the_sorted_routings_bits(num_tokens, idle, gen,
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("stream", [0, 2])  # the planned grid; gemm1 as a stream-K schedule of 2 programs per SM
 @pytest.mark.parametrize("num_experts", [8, 16])  # 16 pairs: sorted by expert with 8, a block per pair with 16
-def test_graph_replays_with_one_expert_then_all(num_experts, gen, device):
+def test_graph_replays_with_one_expert_then_all(num_experts, stream, gen, device):
     # A graph captured with one routing must stay right when the next step's routing is very different:
     # the grid and the splits are fixed at capture, the blocks in use come from the device.
     if device.type != "cuda":
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
+    config = _stream_config(stream) if stream else None
     case = Case(4, active=1, num_experts=num_experts, hidden=1024, inter=512)
     layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
     args = [a.to(device) for a in layer.args()]
@@ -281,12 +291,12 @@ def test_graph_replays_with_one_expert_then_all(num_experts, gen, device):
         ids.copy_(i)
 
     fill(1)
-    moe.nvfp4_fused_moe(x, *args, weights, ids, check_ids=False, num_global_experts=64)
+    moe.nvfp4_fused_moe(x, *args, weights, ids, config=config, check_ids=False, num_global_experts=64)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe.nvfp4_fused_moe(x, *args, weights, ids, check_ids=False, num_global_experts=64)
-    for active in (1, 8, 1):
+        out = moe.nvfp4_fused_moe(x, *args, weights, ids, config=config, check_ids=False, num_global_experts=64)
+    for active in (1, num_experts, 1):
         fill(active)
         graph.replay()
         want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
@@ -330,3 +340,49 @@ def test_dependent_launches_in_a_graph_give_the_bits_of_plain_ones(gen, device, 
         graph.replay()
         assert torch.equal(out, plain)
     assert _rel(plain, want) < 1e-2
+
+
+STREAM_CASES = [
+    Case(1, active=1),  # one local expert: a few tiles shared by every program
+    Case(2, active=2),  # two experts, two blocks
+    Case(7, active=8),  # every local expert active, some slots remote
+    Case(3, active=2, hidden=544, inter=160),  # masked K tail (544 = 4.25 steps of 128) and N tail
+    Case(6, active=3, idle=3),  # half the tokens have no local slot: their rows are 0
+]
+# Stream programs per SM; the interpreter's GPU has 8 SMs (w4a16.sm_count), so 8, 16 and 40 programs: fewer than the
+# tiles, more than the K steps of a tile, some with no work at all.
+PROGRAMS_PER_SM = [1, 2, 5]
+
+
+@pytest.mark.parametrize("per_sm", PROGRAMS_PER_SM)
+@pytest.mark.parametrize(
+    "case", STREAM_CASES, ids=lambda c: f"T{c.num_tokens}-active{c.active}-idle{c.idle}-H{c.hidden}-I{c.inter}"
+)
+def test_stream_gemm1_matches_float64_reference_and_repeats(case, per_sm, gen, device):
+    config = _stream_config(per_sm)
+    layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
+    x = torch.randn(case.num_tokens, case.hidden, generator=gen).bfloat16()
+    weights, ids = _routing(case, gen)
+    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    args = [a.to(device) for a in (x, *layer.args(), weights, ids)]
+    sms = w4a16.sm_count(None if device.type == "cpu" else 0)
+    plan = w4a16.plan_gemms(config, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
+    assert plan.gemm1.stream == per_sm * sms and plan.counters > 0, "the plan must take the stream-K schedule"
+    out = moe.nvfp4_fused_moe(*args, config=config, num_global_experts=8 * case.num_experts)
+    assert torch.isfinite(out).all()
+    assert _rel(out, want) < 1e-2
+    if case.idle:
+        assert not out[: case.idle].any(), "tokens with no local slot get zeros"
+    again = moe.nvfp4_fused_moe(*args, config=config, num_global_experts=8 * case.num_experts)
+    assert torch.equal(out, again), "the same call twice must give the same bits"
+
+
+def test_stream_only_where_a_config_asks_and_up_to_its_pair_limit():
+    # GLM-5 EP8 shapes: 32 local experts of 256, H = 6144, I = 2048, on 132 SMs.
+    assert w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm1.stream == 0
+    plan = w4a16.plan_gemms(_stream_config(2), 8, 32, 256, 6144, 2048, 132)
+    assert plan.gemm1 == w4a16.Launch(plan.gemm1.block_programs, 1, 6144, stream=264)
+    assert plan.counters == plan.gemm1.block_programs * 2048 // _stream_config(2).gemm1.block_n
+    assert plan.gemm2 == w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm2
+    many = w4a16.STREAM_PAIRS_PER_EXPERT * 256 + 8  # past the sizes where it was measured: the planned grid
+    assert w4a16.plan_gemms(_stream_config(2), many, 32, 256, 6144, 2048, 132).gemm1.stream == 0
