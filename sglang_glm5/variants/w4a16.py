@@ -151,9 +151,9 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 
 
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
-# gemm1 with or without a split K; gemm2 with one N tile per program, several, or a split K. They can
-# differ by a few KB of shared memory; a config must fit all. The split forms are compiled with 2 splits
-# (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
+# gemm1 with or without a split K, or as a stream-K schedule; gemm2 with one N tile per program, several, or a
+# split K. They can differ by a few KB of shared memory; a config must fit all. The split forms are compiled with
+# 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
 # last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
 # take them.
