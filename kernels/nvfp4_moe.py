@@ -408,8 +408,8 @@ def nvfp4_moe_gemm1_kernel(
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32 expert of each block, -1 = no work
     used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
-    part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
-    counter_ptr,  # [num_blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1), else unused
+    part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1); STREAM: _gemm1_stream's; else unused
+    counter_ptr,  # [num_blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1 or STREAM), else unused
     h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,

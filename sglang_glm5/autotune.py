@@ -530,10 +530,11 @@ def tune(
     the target.
 
     With ``tiles`` ((kernel, bucket) -> a tile; needs ``bench``) only the K split plan is chosen: that tile is timed
-    with its default plan and with each other split count the family's ``step_split_targets`` give the bucket's
-    step, and the fastest is kept if it beats the default plan by SPLIT_MARGIN. A (kernel, bucket) where no other
-    count exists gets no entry. This is the cheap tuning of decode steps (``tune --splits-only``): 3-4 timings a
-    GEMM and step where a full search takes about 20.
+    with its default plan, with each other split count the family's ``step_split_targets`` give the bucket's step and
+    with the family's other plans for it (W4A16 gemm1: the stream-K schedule), and the fastest is kept if it beats the
+    default plan by SPLIT_MARGIN. A (kernel, bucket) gets no entry where no other split count exists and no other plan
+    beats the default. This is the cheap tuning of decode steps (``tune --splits-only``): 3-8 timings a GEMM and
+    step where a full search takes about 20.
     """
     import triton
 
@@ -613,6 +614,9 @@ def _tune_split(
         raise RuntimeError(f"{key}: {tile.label} did not run with any split plan; last error {failure}")
     ms, cfg, _ = min(timed, key=lambda t: t[0])
     if default and ms > default[0] * (1 - SPLIT_MARGIN):
+        if not any(c.split_k or c.programs_per_sm for c in trials):  # only other schedules tried, none better
+            say(f"{key}: {tile.label}: no other plan beats the default here (no entry)")
+            return None
         ms, cfg, _ = default  # within the timing spread: the plan's own split stays
     return Entry(cfg, shared, ms, triton.__version__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 # K splits a GEMM may use at decode (the last program of a gemm1 tile adds them, unrolled).
 MAX_SPLITS = 32
-# The most programs per SM a config's split plan may aim for.
+# The most programs per SM a config's split plan may aim for, or its stream-K schedule may run.
 MAX_PROGRAMS_PER_SM = 8
 
 
@@ -29,7 +29,7 @@ class GemmConfig:
     num_stages: int = 2
     split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (variants.w4a16), else this many
     programs_per_sm: int = 0  # with split_k 0: what the call's split plan aims for; 0 = the family's default
-    stream: int = 0  # gemm1 of variants.w4a16 only: > 0 = a stream-K schedule of this many programs per SM
+    stream: int = 0  # gemm1 of variants.w4a16 only (other kernels ignore it): > 0 = a stream-K schedule, per SM
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):

@@ -450,6 +450,28 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
         autotune.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
 
 
+def test_splits_only_stores_a_stream_k_plan_only_where_it_beats_the_default(tmp_path, monkeypatch):
+    # With the split targets giving no other count (2 per SM is the default plan), gemm1's only other plans are the
+    # stream-K ones: a step where none beats the default by SPLIT_MARGIN gets no gemm1 entry, one where one does
+    # stores it.
+    h200 = TARGETS["h200"]
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    variant = dataclasses.replace(variants.get("w4a16"), step_split_targets=(w4a16.PROGRAMS_PER_SM,))
+    step = Fraction(12, 32)
+    tiles_now = autotune.tiles_in_use(h200, EP8)
+    for faster, want in ((0.0, None), (0.1, 3)):
+
+        def fake_bench(kernel, cfg, bucket, faster=faster):
+            return 1.0 - faster * (cfg.stream == 3)
+
+        entries, _ = autotune.tune(h200, EP8, [step], fake_bench, variant=variant, tiles=tiles_now)
+        key = cache_key(h200, "gemm1", gemm_shape("gemm1", EP8), step, measured=True)
+        if want is None:
+            assert key not in entries
+        else:
+            assert entries[key].config == dataclasses.replace(tiles_now("gemm1", step), stream=want)
+
+
 def test_splits_only_needs_the_local_gpu(capsys, monkeypatch):
     from sglang_glm5.cli import main
 

@@ -377,6 +377,18 @@ def test_stream_gemm1_matches_float64_reference_and_repeats(case, per_sm, gen, d
     assert torch.equal(out, again), "the same call twice must give the same bits"
 
 
+def test_stream_gemm1_with_no_local_slot_writes_zeros(gen, device):
+    # No used block: every program of the schedule has nothing to do, and the result is all zeros.
+    case = Case(3, active=1, idle=3)
+    layer = random_layer(case.num_experts, case.hidden, case.inter, gen)
+    x = torch.randn(case.num_tokens, case.hidden, generator=gen).bfloat16()
+    weights, ids = _routing(case, gen)
+    assert (ids < 0).all()
+    args = [a.to(device) for a in (x, *layer.args(), weights, ids)]
+    out = moe.nvfp4_fused_moe(*args, config=_stream_config(2), num_global_experts=8 * case.num_experts)
+    assert out.shape == x.shape and not out.any()
+
+
 def test_stream_only_where_a_config_asks_and_up_to_its_pair_limit():
     # GLM-5 EP8 shapes: 32 local experts of 256, H = 6144, I = 2048, on 132 SMs.
     assert w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm1.stream == 0
@@ -386,3 +398,6 @@ def test_stream_only_where_a_config_asks_and_up_to_its_pair_limit():
     assert plan.gemm2 == w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm2
     many = w4a16.STREAM_PAIRS_PER_EXPERT * 256 + 8  # past the sizes where it was measured: the planned grid
     assert w4a16.plan_gemms(_stream_config(2), many, 32, 256, 6144, 2048, 132).gemm1.stream == 0
+    # programs x units past int32 (the kernel's unit arithmetic): the planned grid rather than a failed call
+    wide = MoeConfig(GemmConfig(16, 16, 64, 4, 3, stream=8), w4a16.heuristic_config(1).gemm2)
+    assert w4a16.plan_gemms(wide, 2048, 256, 256, 65536, 2048, 132).gemm1.stream == 0

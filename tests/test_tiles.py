@@ -108,3 +108,16 @@ def test_a_config_label_reads_back_as_the_config(cfg):
 def test_a_malformed_or_invalid_label_is_refused(label):
     with pytest.raises(ValueError):
         GemmConfig.from_label(label)
+
+
+@pytest.mark.parametrize("target", ["h200", "rtx-pro-6000"])
+def test_the_stream_k_form_takes_no_more_shared_memory_than_the_tile(target):
+    # The tuner times a tile's stream-K plan with the tile's shared bytes (variants.w4a16.split_candidates): the
+    # stream form, compiled only for configs that ask for it, must fit in what the tile's other forms take.
+    t = resolve(target)
+    for label in ("16x64x256-w4-s3", "16x128x256-w4-s3"):
+        cfg = GemmConfig.from_label(label)
+        plain, stream = w4a16.compiled_shared_bytes_many(
+            [("gemm1", cfg), ("gemm1", GemmConfig.from_label(f"{label}-sk2"))], t
+        )
+        assert stream == plain, (target, label)

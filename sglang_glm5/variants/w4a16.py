@@ -192,8 +192,10 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
 
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
-    # the halves' form for the tiles that can take it, whatever GEMM2_HALVES says now (the sizes are memoized)
-    forms = [f for f in FORMS[kernel] if not f.get("HALVES") or _halvable(cfg)]
+    # the halves' form for the tiles that can take it, whatever GEMM2_HALVES says now (the sizes are memoized); the
+    # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
+    forms = [f for f in FORMS[kernel]
+             if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
     return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
 
 
@@ -291,7 +293,8 @@ EACH_PAIR_MAX_PAIRS = 16
 STREAM_PAIRS_PER_EXPERT = 8
 # The stream-K programs per SM the tuner tries for gemm1 below one token per expert (``split_candidates``; a config
 # stores the winner as ``stream``). H200, GLM-5 (bench/README.md, run 28): 2 per SM 0.94-0.95x the op at EP8 B = 16
-# (a tile of 2 programs per SM), 3 per SM 0.93x at EP8 B = 4; 2-40% slower at the other sizes measured.
+# (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
+# slower at the other sizes measured.
 STREAM_TRIALS = (2, 3)
 
 
@@ -315,7 +318,8 @@ def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, b
 
 @dataclass(frozen=True)
 class Launch:
-    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits."""
+    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits; or, for gemm1,
+    a stream-K schedule of ``stream`` persistent programs (``kernels/nvfp4_moe.py``)."""
 
     block_programs: int
     splits: int
@@ -351,7 +355,7 @@ class GemmPlan(NamedTuple):
     gemm1: Launch
     gemm2: Launch
     per_program: int  # gemm2's N tiles per program
-    counters: int  # int32 split-K counters gemm1 needs (0 without a split)
+    counters: int  # int32 counters gemm1 needs (0 without a split or a stream-K schedule)
 
 
 def plan_gemms(
@@ -367,8 +371,10 @@ def plan_gemms(
     tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
     within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
-    if cfg.gemm1.stream and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts:
-        steps = triton.cdiv(hidden, cfg.gemm1.block_k)
+    steps = triton.cdiv(hidden, cfg.gemm1.block_k)
+    # the schedule's unit arithmetic is int32 in the kernel (programs x units < 2^31), else the planned grid
+    if (cfg.gemm1.stream and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
+            and cfg.gemm1.stream * sms * blocks1[0] * tiles1 * steps < 2**31):  # fmt: skip
         launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=cfg.gemm1.stream * sms)
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
@@ -446,8 +452,8 @@ def launch_gemm1(
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
     pdl: bool = False,
 ):  # fmt: skip
-    """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1
-    needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
+    """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1 or a
+    stream-K schedule needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
     ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
     (``routing.uses_pdl``)."""
     num_pairs, inter = h.shape
@@ -459,7 +465,7 @@ def launch_gemm1(
     part = None
     if split or launch.stream:
         if counters is None or counters.numel() < route.block_expert.numel() * tiles:
-            raise ValueError(f"counters: a split gemm1 needs {route.block_expert.numel() * tiles} zeroed int32")
+            raise ValueError(f"counters: this gemm1 launch needs {route.block_expert.numel() * tiles} zeroed int32")
     if split:
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     if launch.stream:
