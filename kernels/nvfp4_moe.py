@@ -585,6 +585,12 @@ STREAM_GROUP = tl.constexpr(4)
 
 
 @triton.jit
+def _stream_start(p, total, programs):
+    """The first work unit of program p's share in a stream-K schedule of ``programs`` over ``total`` units."""
+    return p * total // programs
+
+
+@triton.jit
 def _stream_owner(unit, total, programs):
     """The program of a stream-K schedule whose share holds work unit ``unit``: program p does units
     [p * total // programs, (p + 1) * total // programs)."""
@@ -613,8 +619,8 @@ def _gemm1_stream(
     total = tl.load(used_blocks_ptr) * (tiles_n * steps)
     # at most one program per unit, so that every program of a tile's range has a part of it (the counter's count)
     programs = tl.maximum(tl.minimum(tl.num_programs(0), total), 1)
-    start = tl.minimum(pid, programs) * total // programs
-    end = tl.minimum(pid + 1, programs) * total // programs  # programs past the units: start = end = total
+    start = _stream_start(tl.minimum(pid, programs), total, programs)
+    end = _stream_start(tl.minimum(pid + 1, programs), total, programs)  # programs past the units: start = end
     # part[p, kind, 0] = gate, part[p, kind, 1] = up: [BLOCK_N, BLOCK_M] fp32 each, whole tiles
     tile_elems: tl.constexpr = BLOCK_N * BLOCK_M
     offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
@@ -654,7 +660,7 @@ def _gemm1_stream(
                     for i in tl.static_range(STREAM_GROUP):
                         p = p0 + i
                         # program p's part of this tile is its last segment when its share began before the tile
-                        kind = (p * total // programs < tile_first).to(tl.int32)
+                        kind = (_stream_start(p, total, programs) < tile_first).to(tl.int32)
                         other = part_ptr + (p * 2 + kind).to(tl.int64) * (2 * tile_elems)
                         mask = rows & (p <= last_p)
                         acc_g += tl.load(other + offs, mask=mask, other=0.0, cache_modifier=".cg")

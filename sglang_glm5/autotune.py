@@ -305,11 +305,10 @@ class ConfigCache:
             entry = self._exact(variant, kernel, enk, b)
             if entry is None:
                 continue
-            if b != bucket and (entry.config.split_k or entry.config.programs_per_sm or entry.config.stream):
+            if b != bucket and entry.config.has_plan:
                 # A split or stream-K choice was timed at its own bucket's step (splits measured not to carry over
                 # to other steps: bench/README.md, run 22): another bucket borrows the tile, the grid is the plan's.
-                plain = dataclasses.replace(entry.config, split_k=0, programs_per_sm=0, stream=0)
-                return dataclasses.replace(entry, config=plain)
+                return dataclasses.replace(entry, config=entry.config.without_plan())
             return entry
         return None
 
@@ -358,8 +357,7 @@ def tiles_in_use(target: GpuTarget, shape: MoeShape, path: str = "w4a16") -> Cal
     cache = ConfigCache(target)
 
     def tile(kernel: str, bucket: Bucket) -> GemmConfig:
-        cfg = getattr(cache.lookup(shape, bucket, path), kernel)
-        return dataclasses.replace(cfg, split_k=0, programs_per_sm=0, stream=0)
+        return getattr(cache.lookup(shape, bucket, path), kernel).without_plan()
 
     return tile
 

@@ -9,6 +9,7 @@ Hopper 232448 B), and oversized configs still compile, the limit being checked o
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -57,6 +58,16 @@ class GemmConfig:
             )
         if self.stream and (self.split_k or self.programs_per_sm):
             raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
+
+    @property
+    def has_plan(self) -> bool:
+        """Whether the config fixes its grid (a split count, a split target or a stream-K schedule) rather than
+        leaving it to the call's plan."""
+        return bool(self.split_k or self.programs_per_sm or self.stream)
+
+    def without_plan(self) -> GemmConfig:
+        """The same tile with the grid left to the call's plan."""
+        return dataclasses.replace(self, split_k=0, programs_per_sm=0, stream=0)
 
     @property
     def label(self) -> str:

@@ -121,3 +121,12 @@ def test_the_stream_k_form_takes_no_more_shared_memory_than_the_tile(target):
             [("gemm1", cfg), ("gemm1", GemmConfig.from_label(f"{label}-sk2"))], t
         )
         assert stream == plain, (target, label)
+
+
+def test_a_config_without_its_plan_is_the_same_tile():
+    # A split count, a split target and a stream-K schedule each fix the grid; without_plan leaves it to the call.
+    tile = GemmConfig(16, 128, 256, 4, 3)
+    assert not tile.has_plan and tile.without_plan() == tile
+    for planned in (GemmConfig(16, 128, 256, 4, 3, split_k=2), GemmConfig(16, 128, 256, 4, 3, programs_per_sm=1),
+                    GemmConfig(16, 128, 256, 4, 3, stream=2)):  # fmt: skip
+        assert planned.has_plan and planned.without_plan() == tile

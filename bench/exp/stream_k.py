@@ -29,7 +29,7 @@ def streamed(per_sm: int):
 
     def pick_with(*args, **kwargs):
         cfg = pick(*args, **kwargs)
-        gemm1 = dataclasses.replace(cfg.gemm1, split_k=0, programs_per_sm=0, stream=per_sm) if per_sm else cfg.gemm1
+        gemm1 = dataclasses.replace(cfg.gemm1.without_plan(), stream=per_sm) if per_sm else cfg.gemm1
         return dataclasses.replace(cfg, gemm1=gemm1)
 
     return pick_with

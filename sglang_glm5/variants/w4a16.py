@@ -372,10 +372,13 @@ def plan_gemms(
     within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
     steps = triton.cdiv(hidden, cfg.gemm1.block_k)
-    # the schedule's unit arithmetic is int32 in the kernel (programs x units < 2^31), else the planned grid
-    if (cfg.gemm1.stream and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
-            and cfg.gemm1.stream * sms * blocks1[0] * tiles1 * steps < 2**31):  # fmt: skip
-        launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=cfg.gemm1.stream * sms)
+    stream = cfg.gemm1.stream * sms
+    if (
+        stream
+        and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
+        and _stream_fits(stream, blocks1[0] * tiles1 * steps)
+    ):
+        launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
@@ -384,6 +387,12 @@ def plan_gemms(
                           whole_grid_within=within)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
     return GemmPlan(launch1, launch2, per_program, counters)
+
+
+def _stream_fits(programs: int, units: int) -> bool:
+    """Whether a stream-K schedule of ``programs`` over at most ``units`` work units (blocks x N tiles x K steps)
+    keeps the kernel's int32 unit arithmetic (program x units) in range."""
+    return programs * units < 2**31
 
 
 def split_candidates(
@@ -398,7 +407,7 @@ def split_candidates(
     when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that walks several N
     tiles per program (it does not split).
     """
-    if bucket >= 1 or cfg.split_k or cfg.programs_per_sm or cfg.stream:
+    if bucket >= 1 or cfg.has_plan:
         return []
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
@@ -470,7 +479,7 @@ def launch_gemm1(
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     if launch.stream:
         units = route.block_expert.numel() * tiles * triton.cdiv(x.shape[1], cfg.block_k)
-        if launch.stream * units >= 2**31:
+        if not _stream_fits(launch.stream, units):
             raise ValueError(f"launch: {launch.stream} stream programs over {units} units overflow int32")
         # two partial tiles (gate and up) per program for its first and its last segment (kernels/nvfp4_moe.py)
         part = torch.empty(launch.stream * 2 * 2 * cfg.block_n * cfg.block_m, dtype=torch.float32, device=h.device)
