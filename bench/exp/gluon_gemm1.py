@@ -1,0 +1,300 @@
+"""gemm1 at decode sizes written in Gluon (Triton's explicit-layout dialect), against the op's Triton gemm1.
+
+The op's gemm1 (``kernels/nvfp4_moe.py``) waits for each quarter-width wgmma before it decodes the next quarter:
+Triton keeps a wgmma whose left operand sits in registers synchronous, so one warp group alternates between
+decoding and waiting on the tensor cores. Here the same work (weights in the "kernel_wgmma" layout, the same PTX
+decode, the same quarter dots and K order) is written with explicit layouts: each quarter's wgmma is issued
+asynchronously and waited for only when its registers are needed again (``LOOKAHEAD`` quarters in flight), the
+packed weights and activations come through a ``STAGES``-deep ring of cp.async copies, and the block scales are
+copied to shared memory once a K step and read back in the layout of the wgmma operand.
+
+Unsplit grid (routing blocks, N tiles), as the op launches B = 32-256 (EP8 m = 1-8 tokens an expert). The op's
+gemm1 with the same tile and its own grid is the baseline, on the same routing and layer, one call:
+
+    STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh
+
+Writes ``$OUT/gluon_gemm1.json``: per case, both kernels' median device time (CUDA graph of 20 launches), the
+largest relative difference of h against the op's, and the touched-experts floor.
+"""
+
+import sys
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+from sglang_glm5.kernels.nvfp4_moe import _decode_ptx
+
+# The op's decode, bf16 activations, "kernel_wgmma" layout (2), code position q: one 32-bit scale code a register.
+_PTX = gl.constexpr(tuple(_decode_ptx(True, q, 2) for q in range(4)))
+
+
+@gluon.jit
+def _decode(packed, scale, Q: gl.constexpr):
+    return gl.inline_asm_elementwise(_PTX[Q], "=r,r,r,r", [packed, scale], dtype=gl.bfloat16, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _issue_copies(
+    wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k0,
+    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols,
+):  # fmt: skip
+    """cp.async of K step k0 into ring slot ``slot``: gate and up packed words, their scale bytes, four activation
+    quarters. One allocation each, so that the compiler sees no two copies of a step overlap (else it puts a CTA
+    barrier between them)."""
+    cp.async_copy_global_to_shared(wg_s.index(slot), wg_rows[:, None] + (k0 // 4 + w_cols)[None, :])
+    cp.async_copy_global_to_shared(wu_s.index(slot), wu_rows[:, None] + (k0 // 4 + w_cols)[None, :])
+    cp.async_copy_global_to_shared(sg_s.index(slot), sg_rows[:, None] + (k0 // 16 + s_cols)[None, :])
+    cp.async_copy_global_to_shared(su_s.index(slot), su_rows[:, None] + (k0 // 16 + s_cols)[None, :])
+    # quarter q of the step: columns k0 + 32g + 8q + j (the permuted K order), j < 8: one 16-byte copy
+    pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
+    cp.async_copy_global_to_shared(x0_s.index(slot), pos)
+    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8)
+    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16)
+    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24)
+
+
+@gluon.jit
+def _quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+    """Quarter Q of a K step, gate and up: decode, then issue the wgmma without waiting for it; wait only until at
+    most LOOKAHEAD quarters (two wgmma groups each) are in flight, the decoded registers kept alive until then."""
+    ag = _decode(pg, sg, Q)
+    acc_g = warpgroup_mma(ag, xq, acc_g, is_async=True)
+    au = _decode(pu, su, Q)
+    acc_u = warpgroup_mma(au, xq, acc_u, is_async=True)
+    acc_g, acc_u, ag, au = warpgroup_mma_wait(num_outstanding=2 * LOOKAHEAD, deps=(acc_g, acc_u, ag, au))
+    return acc_g, acc_u
+
+
+@gluon.jit
+def gemm1_gluon_kernel(
+    x_ptr,  # [T, H] bf16, prepared activations (the kernel_wgmma K order)
+    w_ptr,  # [E, 2I, H/4] int16, packed codes (kernel_wgmma layout)
+    ws_ptr,  # [E, 2I, H/16] uint8 scale codes
+    wgs_ptr,  # [E, 2] fp32 global scales
+    sorted_ids_ptr,  # [blocks * BLOCK_M] int32
+    block_expert_ptr,  # [blocks] int32, -1 = no work
+    h_ptr,  # [P, I] bf16 out, permuted K order
+    num_pairs, top_k, inter_size, hidden_size,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
+    gate_row0, up_row0,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+    LOOKAHEAD: gl.constexpr,  # quarter wgmmas (of gate and up each) left in flight while the next is decoded
+):  # fmt: skip
+    QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
+    SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    expert = gl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        e64 = expert.to(gl.int64)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        # copies: 16 bytes a thread, rows across warps
+        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
+        xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
+        s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QK], gl.bfloat16)
+        wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+        wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+        sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+        su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+        x0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x2_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x3_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+
+        # The scale code of each packed register, in the operand's layout: block b of each 16 words is word
+        # slots 2b, 2b + 1, 2b + 8, 2b + 9 (kernel_wgmma), so a [BLOCK_N, SK] tile read as [BLOCK_N, QK // 16, 4]
+        # and broadcast over slot bits 0 and 3 is the [BLOCK_N, QK] tile of codes. L5: the operand's layout as 5-d.
+        shape5: gl.constexpr = [BLOCK_N, QK // 16, 2, 4, 2]
+        z5 = gl.reshape(gl.zeros([BLOCK_N, QK], gl.int32, layout=a_l), shape5)
+        L5: gl.constexpr = z5.type.layout
+        S3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, L5))
+        zero5 = gl.zeros(shape5, gl.int32, layout=L5)
+
+        # rows of this N tile (gate and up), columns of the copies
+        rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
+        rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
+        wg_rows = w_ptr + e64 * stride_we + (gate_row0 + rows_w) * stride_wn
+        wu_rows = w_ptr + e64 * stride_we + (up_row0 + rows_w) * stride_wn
+        rows_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
+        rows_s = gl.where(rows_s < inter_size, rows_s, 0).to(gl.int64)
+        sg_rows = ws_ptr + e64 * stride_se + (gate_row0 + rows_s) * stride_sn
+        su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
+        w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+        s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+        x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
+        pair = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xc_l)))
+        token = gl.where(pair < num_pairs, pair // top_k, 0).to(gl.int64)  # padding reads token 0 (its rows unused)
+        x_rows = x_ptr + token * stride_xt
+
+        steps = gl.cdiv(hidden_size, BLOCK_K)
+        for i in gl.static_range(STAGES - 1):
+            if i < steps:
+                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, i * BLOCK_K, wg_rows, wu_rows,
+                              sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+            cp.commit_group()
+
+        acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        for i in range(steps):
+            slot = i % STAGES
+            cp.wait_group(STAGES - 2)
+            gl.thread_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            nxt = i + STAGES - 1
+            if nxt < steps:
+                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K, wg_rows,
+                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+            cp.commit_group()
+            pg = wg_s.index(slot).load(a_l)
+            pu = wu_s.index(slot).load(a_l)
+            sg3 = sg_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
+            su3 = su_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
+            sg = gl.convert_layout(
+                gl.reshape(gl.expand_dims(gl.expand_dims(sg3, 2), 4) + zero5, [BLOCK_N, QK]), a_l, assert_trivial=True
+            )
+            su = gl.convert_layout(
+                gl.reshape(gl.expand_dims(gl.expand_dims(su3, 2), 4) + zero5, [BLOCK_N, QK]), a_l, assert_trivial=True
+            )
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
+            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        cp.wait_group(0)
+
+        # h = SiLU(gate) * up, global scales and 2^7 applied, in the permuted K order (column 64g + 16b + 8h + 4i + q
+        # at 64g + 32h + 8q + 2b + i)
+        gs_gate = gl.load(wgs_ptr + e64 * stride_gse) * 128.0
+        gs_up = gl.load(wgs_ptr + e64 * stride_gse + stride_gsg) * 128.0
+        gate = acc_g * gs_gate
+        h = gate / (1.0 + gl.exp(-gate)) * (acc_u * gs_up)
+        n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        col = (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+        ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
+        ptrs = h_ptr + gl.where(pair_o < num_pairs, pair_o, 0).to(gl.int64)[None, :] * stride_ht + col[:, None]
+        gl.store(ptrs, h.to(gl.bfloat16), mask=ok)
+
+
+def launch(xp, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, block_n=128, block_k=256, stages=3,
+           lookahead=1):  # fmt: skip
+    """The Gluon gemm1 over every possible block (idle ones return at once), BLOCK_M 16, 4 warps."""
+    num_pairs, inter = h.shape
+    w13 = w13.view(__import__("torch").int16)
+    grid = (route.block_expert.numel(), triton.cdiv(inter, block_n))
+    gemm1_gluon_kernel[grid](
+        xp, w13, w13_scale.view(__import__("torch").uint8), gs13, route.sorted_ids, route.block_expert, h,
+        num_pairs, top_k, inter, xp.shape[1],
+        xp.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
+        gs13.stride(1), h.stride(0), gate_row0, up_row0,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, LOOKAHEAD=lookahead, num_warps=4,
+    )  # fmt: skip
+
+
+def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3, lookahead: int = 1):
+    """Compile for sm_{arch} on the CPU: (registers?, shared bytes, ptxas warnings are printed by Triton)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+            "block_expert_ptr": "*i32", "h_ptr": "*bf16"}  # fmt: skip
+    consts = {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "STAGES": stages, "LOOKAHEAD": lookahead}
+    fn = gemm1_gluon_kernel
+    sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
+    divisible = {"x_ptr", "w_ptr", "ws_ptr", "wgs_ptr", "sorted_ids_ptr", "block_expert_ptr", "h_ptr",
+                 "inter_size", "hidden_size", "stride_xt", "stride_we", "stride_wn", "stride_se", "stride_sn",
+                 "stride_ht"}  # fmt: skip
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in divisible}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+
+
+BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
+# name -> (block_n, block_k, stages, lookahead)
+GLUON = {"g16x64x256-s3-la1": (64, 256, 3, 1), "g16x64x256-s3-la0": (64, 256, 3, 0),
+         "g16x64x256-s2-la0": (64, 256, 2, 0), "g16x64x128-s3-la0": (64, 128, 3, 0),
+         "g16x64x128-s4-la0": (64, 128, 4, 0), "g16x64x128-s4-la1": (64, 128, 4, 1)}  # fmt: skip
+
+
+def main(out) -> None:
+    import functools
+    import json
+    import os
+    import statistics
+
+    import decode_cases as dc
+    import torch
+
+    from sglang_glm5 import bench_real
+    from sglang_glm5.routing import route_pairs
+    from sglang_glm5.tiles import GemmConfig
+    from sglang_glm5.variants.w4a16 import launch_gemm1
+
+    batches = [int(b) for b in os.environ.get("EXP_BATCHES", "16,32,64,128,256").split(",")]
+    profile = os.environ.get("GLUON_PROFILE") == "1"  # one launch of each kernel, for Nsight Compute
+    gen = dc.generator(97)
+    bw = bench_real.copy_bandwidth()
+    rows = []
+    for name, layout, bundles, batch, inputs in dc.cases(gen, batches):
+        weights = bundles[0]
+        x, _, ids = inputs[0]
+        num_pairs = ids.numel()
+        xp = torch.empty_like(x)
+        route = route_pairs(ids, layout.num_experts, 16, permute=(x, xp), layout=weights.layout)
+        gate_row0, up_row0 = weights.gate_up_rows
+        args = (xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route)
+        outs, fns = {}, {}
+        for label in BASELINES:
+            h = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
+            fns[label] = (functools.partial(launch_gemm1, *args, h, GemmConfig.from_label(label), ids.shape[1],
+                                            gate_row0, up_row0, False, layout=weights.layout), h)  # fmt: skip
+        for label, tile in GLUON.items():
+            h = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
+            fns[label] = (functools.partial(launch, *args, h, ids.shape[1], gate_row0, up_row0, *tile), h)
+        if profile:
+            for fn, _h in fns.values():
+                fn()
+                torch.cuda.synchronize()
+            return
+        valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
+        for label, (fn, h) in fns.items():
+            fn()
+            torch.cuda.synchronize()
+            outs[label] = h[valid].float()
+        ref = outs[BASELINES[0]]
+        rel = {k: ((v - ref).norm() / ref.norm()).item() for k, v in outs.items()}
+        same = {k: bool(torch.equal(v, ref)) for k, v in outs.items()}
+        times = {k: [] for k in fns}
+        for _ in range(3):
+            for label, (fn, _h) in fns.items():
+                times[label].append(bench_real._time(lambda fn=fn: [fn() for _ in range(20)], True, 20))
+        touched = int(torch.unique(ids[ids >= 0]).numel())
+        gemm1_bytes = touched * layout.expert_bytes * 2 / 3
+        med = {k: statistics.median(v) for k, v in times.items()}
+        base = med[BASELINES[0]]
+        row = {"layout": name, "batch": batch, "touched": touched, "gemm1_floor_us": gemm1_bytes / bw * 1e6,
+               "us": {k: v * 1e3 for k, v in med.items()}, "rel_diff": rel, "bit_identical": same}  # fmt: skip
+        rows.append(row)
+        cells = " | ".join(f"{k} {v * 1e3:7.1f} ({v / base:.3f}{'' if same[k] else f', {rel[k]:.1e}'})"
+                           for k, v in med.items())  # fmt: skip
+        print(f"{name} B={batch:4d} touched {touched:3d} floor {row['gemm1_floor_us']:6.1f} us | {cells}", flush=True)
+    (out / "gluon_gemm1.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["aot"]:
+    k = aot(*map(int, sys.argv[2:]))
+    print("shared", k.metadata.shared, "regs?", getattr(k, "n_regs", None))
+    open("/tmp/gluon_gemm1.ptx", "w").write(k.asm["ptx"])
+    open("/tmp/gluon_gemm1.ttgir", "w").write(k.asm["ttgir"])
+    open("/tmp/gluon_gemm1.cubin", "wb").write(k.asm["cubin"])
+elif __name__ == "__main__":
+    import pathlib
+
+    main(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "."))
