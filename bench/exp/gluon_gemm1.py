@@ -82,6 +82,7 @@ def gemm1_gluon_kernel(
     gate_row0, up_row0,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     LOOKAHEAD: gl.constexpr,  # quarter wgmmas (of gate and up each) left in flight while the next is decoded
+    COPY_LATE: gl.constexpr = False,  # issue a step's copies after its wgmmas (as Triton's pipeliner does), not first
 ):  # fmt: skip
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
@@ -148,10 +149,11 @@ def gemm1_gluon_kernel(
             cp.wait_group(STAGES - 2)
             gl.thread_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
-            if nxt < steps:
-                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
-            cp.commit_group()
+            if not COPY_LATE:
+                if nxt < steps:
+                    _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K,
+                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+                cp.commit_group()
             pg = wg_s.index(slot).load(a_l)
             pu = wu_s.index(slot).load(a_l)
             sg3 = sg_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
@@ -166,7 +168,16 @@ def gemm1_gluon_kernel(
             acc_g, acc_u = _quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
             acc_g, acc_u = _quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
             acc_g, acc_u = _quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
-            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+            if COPY_LATE:
+                # slot nxt % STAGES was step i - 1's: its wgmmas are done (at most this step's are in flight), and
+                # every warp's reads of it came before this step's barrier
+                if nxt < steps:
+                    _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K,
+                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+                cp.commit_group()
+            else:
+                acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         cp.wait_group(0)
 
         # h = SiLU(gate) * up, global scales and 2^7 applied, in the permuted K order (column 64g + 16b + 8h + 4i + q
@@ -184,7 +195,7 @@ def gemm1_gluon_kernel(
 
 
 def launch(xp, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, block_n=128, block_k=256, stages=3,
-           lookahead=1):  # fmt: skip
+           lookahead=1, copy_late=False):  # fmt: skip
     """The Gluon gemm1 over every possible block (idle ones return at once), BLOCK_M 16, 4 warps."""
     num_pairs, inter = h.shape
     w13 = w13.view(__import__("torch").int16)
@@ -194,18 +205,20 @@ def launch(xp, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, block_
         num_pairs, top_k, inter, xp.shape[1],
         xp.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1), h.stride(0), gate_row0, up_row0,
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, LOOKAHEAD=lookahead, num_warps=4,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, LOOKAHEAD=lookahead, COPY_LATE=copy_late,
+        num_warps=4,
     )  # fmt: skip
 
 
-def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3, lookahead: int = 1):
+def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3, lookahead: int = 1, late: int = 0):
     """Compile for sm_{arch} on the CPU: (registers?, shared bytes, ptxas warnings are printed by Triton)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
             "block_expert_ptr": "*i32", "h_ptr": "*bf16"}  # fmt: skip
-    consts = {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "STAGES": stages, "LOOKAHEAD": lookahead}
+    consts = {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "STAGES": stages, "LOOKAHEAD": lookahead,
+              "COPY_LATE": bool(late)}  # fmt: skip
     fn = gemm1_gluon_kernel
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
     divisible = {"x_ptr", "w_ptr", "ws_ptr", "wgs_ptr", "sorted_ids_ptr", "block_expert_ptr", "h_ptr",
@@ -217,10 +230,10 @@ def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3,
 
 
 BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
-# name -> (block_n, block_k, stages, lookahead)
+# name -> (block_n, block_k, stages, lookahead[, copy_late])
 GLUON = {"g16x64x256-s3-la1": (64, 256, 3, 1), "g16x64x256-s3-la0": (64, 256, 3, 0),
-         "g16x64x256-s2-la0": (64, 256, 2, 0), "g16x64x128-s3-la0": (64, 128, 3, 0),
-         "g16x64x128-s4-la0": (64, 128, 4, 0), "g16x64x128-s4-la1": (64, 128, 4, 1)}  # fmt: skip
+         "g16x64x256-s3-la1-late": (64, 256, 3, 1, True), "g16x64x256-s4-la1-late": (64, 256, 4, 1, True),
+         "g16x64x256-s3-la0-late": (64, 256, 3, 0, True), "g16x64x128-s4-la1-late": (64, 128, 4, 1, True)}  # fmt: skip
 
 
 def main(out) -> None:
