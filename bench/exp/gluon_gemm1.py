@@ -39,21 +39,21 @@ def _decode(packed, scale, Q: gl.constexpr):
 @gluon.jit
 def _issue_copies(
     wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k0,
-    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols,
+    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok,
 ):  # fmt: skip
     """cp.async of K step k0 into ring slot ``slot``: gate and up packed words, their scale bytes, four activation
-    quarters. One allocation each, so that the compiler sees no two copies of a step overlap (else it puts a CTA
-    barrier between them)."""
+    quarters (rows of padding zero-filled, not read: ``x_ok``). One allocation each, so that the compiler sees no two
+    copies of a step overlap (else it puts a CTA barrier between them)."""
     cp.async_copy_global_to_shared(wg_s.index(slot), wg_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(wu_s.index(slot), wu_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(sg_s.index(slot), sg_rows[:, None] + (k0 // 16 + s_cols)[None, :])
     cp.async_copy_global_to_shared(su_s.index(slot), su_rows[:, None] + (k0 // 16 + s_cols)[None, :])
     # quarter q of the step: columns k0 + 32g + 8q + j (the permuted K order), j < 8: one 16-byte copy
     pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
-    cp.async_copy_global_to_shared(x0_s.index(slot), pos)
-    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8)
-    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16)
-    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24)
+    cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
+    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
+    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16, mask=x_ok)
+    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24, mask=x_ok)
 
 
 @gluon.jit
@@ -83,6 +83,8 @@ def gemm1_gluon_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     LOOKAHEAD: gl.constexpr,  # quarter wgmmas (of gate and up each) left in flight while the next is decoded
     COPY_LATE: gl.constexpr = False,  # issue a step's copies after its wgmmas (as Triton's pipeliner does), not first
+    MASK_ROWS: gl.constexpr = False,  # copy only the block's real rows (as the op does), padding zero-filled
+    WARPS: gl.constexpr = 4,  # 4: one warp group for BLOCK_N rows; 8: two, each BLOCK_N / 2 rows
 ):  # fmt: skip
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
@@ -91,13 +93,14 @@ def gemm1_gluon_kernel(
     expert = gl.load(block_expert_ptr + pid_m)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BLOCK_M, 16])  # fmt: skip
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         # copies: 16 bytes a thread, rows across warps
-        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
-        sc_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
-        xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [WARPS, 1], [1, 0])
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [WARPS, 1], [1, 0])
+        XV: gl.constexpr = 8 if WARPS == 4 else 4  # elements a copy: [16, QK] over the threads once
+        xc_l: gl.constexpr = gl.BlockedLayout([1, XV], [32 * XV // QK, QK // XV], [WARPS, 1], [1, 0])
         w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
         s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QK], gl.bfloat16)
@@ -132,14 +135,18 @@ def gemm1_gluon_kernel(
         s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
         x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
         pair = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xc_l)))
-        token = gl.where(pair < num_pairs, pair // top_k, 0).to(gl.int64)  # padding reads token 0 (its rows unused)
+        token = gl.where(pair < num_pairs, pair // top_k, 0).to(gl.int64)
         x_rows = x_ptr + token * stride_xt
+        if MASK_ROWS:  # padding rows zero-filled; else they read token 0's row (unused columns of the result)
+            x_ok = (pair < num_pairs)[:, None] & (x_cols < QK)[None, :]
+        else:
+            x_ok = None
 
         steps = gl.cdiv(hidden_size, BLOCK_K)
         for i in gl.static_range(STAGES - 1):
             if i < steps:
                 _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, i * BLOCK_K, wg_rows, wu_rows,
-                              sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+                              sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
             cp.commit_group()
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -152,7 +159,7 @@ def gemm1_gluon_kernel(
             if not COPY_LATE:
                 if nxt < steps:
                     _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K,
-                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
                 cp.commit_group()
             pg = wg_s.index(slot).load(a_l)
             pu = wu_s.index(slot).load(a_l)
@@ -173,7 +180,7 @@ def gemm1_gluon_kernel(
                 # every warp's reads of it came before this step's barrier
                 if nxt < steps:
                     _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt * BLOCK_K,
-                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols)  # fmt: skip
+                                  wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
                 cp.commit_group()
             else:
                 acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
@@ -195,7 +202,7 @@ def gemm1_gluon_kernel(
 
 
 def launch(xp, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, block_n=128, block_k=256, stages=3,
-           lookahead=1, copy_late=False):  # fmt: skip
+           lookahead=1, copy_late=False, mask_rows=False, warps=4):  # fmt: skip
     """The Gluon gemm1 over every possible block (idle ones return at once), BLOCK_M 16, 4 warps."""
     num_pairs, inter = h.shape
     w13 = w13.view(__import__("torch").int16)
@@ -206,11 +213,11 @@ def launch(xp, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, block_
         xp.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1), h.stride(0), gate_row0, up_row0,
         BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, LOOKAHEAD=lookahead, COPY_LATE=copy_late,
-        num_warps=4,
+        MASK_ROWS=mask_rows, WARPS=warps, num_warps=warps,
     )  # fmt: skip
 
 
-def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3, lookahead: int = 1, late: int = 0):
+def aot(arch=90, block_n=128, block_k=256, stages=3, lookahead=1, late=0, mask=0, warps=4):
     """Compile for sm_{arch} on the CPU: (registers?, shared bytes, ptxas warnings are printed by Triton)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -218,7 +225,7 @@ def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3,
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
             "block_expert_ptr": "*i32", "h_ptr": "*bf16"}  # fmt: skip
     consts = {"BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "STAGES": stages, "LOOKAHEAD": lookahead,
-              "COPY_LATE": bool(late)}  # fmt: skip
+              "COPY_LATE": bool(late), "MASK_ROWS": bool(mask), "WARPS": warps}  # fmt: skip
     fn = gemm1_gluon_kernel
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "i32") for a in fn.arg_names}
     divisible = {"x_ptr", "w_ptr", "ws_ptr", "wgs_ptr", "sorted_ids_ptr", "block_expert_ptr", "h_ptr",
@@ -226,14 +233,18 @@ def aot(arch: int = 90, block_n: int = 128, block_k: int = 256, stages: int = 3,
                  "stride_ht"}  # fmt: skip
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in divisible}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
 
 BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
-# name -> (block_n, block_k, stages, lookahead[, copy_late])
-GLUON = {"g16x64x256-s3-la1": (64, 256, 3, 1), "g16x64x256-s3-la0": (64, 256, 3, 0),
-         "g16x64x256-s3-la1-late": (64, 256, 3, 1, True), "g16x64x256-s4-la1-late": (64, 256, 4, 1, True),
-         "g16x64x256-s3-la0-late": (64, 256, 3, 0, True), "g16x64x128-s4-la1-late": (64, 128, 4, 1, True)}  # fmt: skip
+# name -> (block_n, block_k, stages, lookahead[, copy_late[, mask_rows[, warps]]])
+GLUON = {"g16x64x256-s3-la1": (64, 256, 3, 1), "g16x64x256-s3-la1-mask": (64, 256, 3, 1, False, True),
+         "g16x64x256-s3-la0-mask": (64, 256, 3, 0, False, True),
+         "g16x64x256-s3-la2-mask": (64, 256, 3, 2, False, True),
+         "g16x64x256-s4-la1-mask": (64, 256, 4, 1, False, True),
+         "g16x64x128-s4-la1-mask": (64, 128, 4, 1, False, True),
+         "g16x128x256-w8-s3-la1-mask": (128, 256, 3, 1, False, True, 8),
+         "g16x128x128-w8-s4-la1-mask": (128, 128, 4, 1, False, True, 8)}  # fmt: skip
 
 
 def main(out) -> None:
