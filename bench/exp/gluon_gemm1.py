@@ -1,20 +1,22 @@
 """gemm1 at decode sizes written in Gluon (Triton's explicit-layout dialect), against the op's Triton gemm1.
 
 The op's gemm1 (``kernels/nvfp4_moe.py``) waits for each quarter-width wgmma before it decodes the next quarter:
-Triton keeps a wgmma whose left operand sits in registers synchronous, so one warp group alternates between
-decoding and waiting on the tensor cores. Here the same work (weights in the "kernel_wgmma" layout, the same PTX
-decode, the same quarter dots and K order) is written with explicit layouts: each quarter's wgmma is issued
-asynchronously and waited for only when its registers are needed again (``LOOKAHEAD`` quarters in flight), the
-packed weights and activations come through a ``STAGES``-deep ring of cp.async copies, and the block scales are
-copied to shared memory once a K step and read back in the layout of the wgmma operand.
+Triton keeps a wgmma whose left operand sits in registers synchronous, and schedules the copies and the decode
+itself. Here the same work (weights in the "kernel_wgmma" layout, the same PTX decode, the same quarter dots and K
+order) is written with explicit layouts: each quarter's wgmma is issued asynchronously and waited for only when its
+registers are needed again (``LOOKAHEAD`` quarters in flight), the packed weights and activations come through a
+``STAGES``-deep ring of cp.async copies (padding rows zero-filled, not read, with ``MASK_ROWS``: else every program
+reads token 0's row, an L2 hot spot), the block scales are copied to shared memory once a K step and read back in
+the layout of the wgmma operand; optional K splits (``SPLITS``: the op's deterministic last-arriver sum) and
+programmatic dependent launch (``PDL``). ``bench/README.md`` ("gemm1 in Gluon ...: run 29") has the results.
 
-Unsplit grid (routing blocks, N tiles), as the op launches B = 32-256 (EP8 m = 1-8 tokens an expert). The op's
-gemm1 with the same tile and its own grid is the baseline, on the same routing and layer, one call:
+    STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh                  # unsplit, B = 16-256
+    EXP_MODE=decode STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh  # against the op's plan, B = 1-16
+    PYTHONPATH=<triton 3.6> python bench/exp/gluon_gemm1.py aot ARCH BLOCK_N BLOCK_K STAGES LOOKAHEAD LATE MASK ...
 
-    STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh
-
-Writes ``$OUT/gluon_gemm1.json``: per case, both kernels' median device time (CUDA graph of 20 launches), the
-largest relative difference of h against the op's, and the touched-experts floor.
+The first writes ``$OUT/gluon_gemm1.json`` (per case: each kernel's median device time from CUDA graphs of 20
+launches, h's largest relative difference from the op's, the touched-experts floor of gemm1's bytes), the second
+``$OUT/gluon_gemm1_decode.json``; ``GLUON_PROFILE=1`` launches each kernel once, for Nsight (``gluon_ncu.sh``).
 """
 
 import sys
