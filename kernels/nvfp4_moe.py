@@ -78,7 +78,7 @@ DECODE_UNSCALE = 2.0**7
 # output, so one shift moves both.
 
 
-def _decode_ptx(bf16: bool, q: int, layout: int) -> str:
+def decode_ptx(bf16: bool, q: int, layout: int) -> str:
     # Where code q's bits go: magnitude (mantissa, exponent low, exponent high) at bits 6-8 (bf16) or
     # 9-11 (fp16), sign at 15; where they are: nvfp4.WORD_BITS. Bits that move by the same shift go
     # together: one shift (none for 0) and one and / lop3 each.
@@ -106,7 +106,7 @@ def _decode_ptx(bf16: bool, q: int, layout: int) -> str:
 
 # _DECODE_PTX[layout * 8 + bf16 * 4 + q]
 _DECODE_PTX = tl.constexpr(
-    tuple(_decode_ptx(bf16, q, layout) for layout in range(len(WORD_BITS)) for bf16 in (False, True) for q in range(4))
+    tuple(decode_ptx(bf16, q, layout) for layout in range(len(WORD_BITS)) for bf16 in (False, True) for q in range(4))
 )
 # Bit positions of code q's mantissa, exponents and sign: _WORD_BITS[layout * 16 + q * 4 + role]
 _WORD_BITS = tl.constexpr(tuple(bit for layout in WORD_BITS for code in layout for bit in code))

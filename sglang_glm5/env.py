@@ -129,6 +129,13 @@ PDL = Switch(
     "each starts while the one before it runs and waits for it on the GPU; off = plain stream order",
     parse_bool,
 )  # fmt: skip
+GLUON_GEMM1 = Switch(
+    "SGLANG_GLM5_GLUON_GEMM1", "bool", False,
+    "on sm_90 (H100 / H200) the W4A16 op's gemm1 at decode sizes (at most 1/4 token per expert: GLM-5 B <= 8) runs "
+    "as a Gluon kernel with its own tile and K split instead of the cached Triton one (`variants/w4a16_gluon.py`; "
+    "measured 0.84-1.02x the op's time on an H200); off by default until the tuner chooses between the two",
+    parse_bool,
+)  # fmt: skip
 STOCK_CONFIGS = Switch(
     "SGLANG_GLM5_STOCK_CONFIGS", "bool", False,
     "on SM12x the plugin points `SGLANG_MOE_CONFIG_DIR` (when unset) at the shipped SM120 configs for SGLang's "
@@ -169,8 +176,8 @@ def _integer(name: str, text: str) -> int | None:
 
 
 SWITCHES: tuple[Switch, ...] = (
-    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, PDL, STOCK_CONFIGS, API_KEY, TEST_DEVICE,
-    SEED,
+    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, PDL, GLUON_GEMM1, STOCK_CONFIGS, API_KEY,
+    TEST_DEVICE, SEED,
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SWITCHES}
 

@@ -260,7 +260,7 @@ def test_the_plugins_bundle_keeps_the_checkpoint_layout_only_off_a_gpu_or_for_w4
 
 
 def _run_decode_ptx(ptx: str, words: torch.Tensor, scale_input: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """Execute ``_decode_ptx``'s PTX on int64 tensors holding 32-bit registers (the instructions it emits:
+    """Execute ``decode_ptx``'s PTX on int64 tensors holding 32-bit registers (the instructions it emits:
     mov, mad.lo, shl, shr, and, lop3 0xF8, and the packed fma by (-0, -0)); -> [n, 2] float64 lane values."""
     regs = {"$1": words, "$2": scale_input}
     mask32 = 0xFFFFFFFF
@@ -328,7 +328,7 @@ def test_decode_ptx_gives_every_code_times_its_scale(layout, bf16):
             bits &= 0xFFFF
             scale_in = torch.full_like(words, bits | (bits << 16))
         for q in range(4):
-            got = _run_decode_ptx(nvfp4_moe._decode_ptx(bf16, q, layout), reg, scale_in, bf16)
+            got = _run_decode_ptx(nvfp4_moe.decode_ptx(bf16, q, layout), reg, scale_in, bf16)
             want0 = nvfp4.e2m1_codes_to_float(codes_cp[:, q].to(torch.uint8), torch.float64) * scale * 2.0**-7
             want1 = torch.flip(want0, (0,))
             assert torch.equal(got[:, 0], want0) and torch.equal(got[:, 1], want1), (layout, bf16, byte, q)

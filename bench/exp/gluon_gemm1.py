@@ -27,10 +27,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from sglang_glm5.kernels.nvfp4_moe import _decode_ptx
+from sglang_glm5.kernels.nvfp4_moe import decode_ptx
+
+# A CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7.
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 # The op's decode, bf16 activations, "kernel_wgmma" layout (2), code position q: one 32-bit scale code a register.
-_PTX = gl.constexpr(tuple(_decode_ptx(True, q, 2) for q in range(4)))
+_PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
 
 
 @gluon.jit
@@ -167,7 +170,7 @@ def gemm1_gluon_kernel(
         for i in range(steps):
             slot = i % STAGES
             cp.wait_group(STAGES - 2)
-            gl.thread_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if not COPY_LATE:
                 if nxt < steps:
@@ -213,7 +216,7 @@ def gemm1_gluon_kernel(
             p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
             gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
             gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
-            gl.thread_barrier()  # every thread's partials are written before the counter says so
+            _cta_barrier()  # every thread's partials are written before the counter says so
             counter = counter_ptr + pid_m * gl.num_programs(1) + pid_n
             arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLITS - 1:

@@ -2,7 +2,7 @@
 four bf16 pairs, over every placement of a word's 16 bits, with code positions sharing shifts.
 
 A code's magnitude (mantissa, exponent low, exponent high) must land at bits 6, 7, 8 and its sign at 15 of each
-16-bit lane (``kernels/nvfp4_moe._decode_ptx``). One shift of the register (left or right) moves both lanes; an and
+16-bit lane (``kernels/nvfp4_moe.decode_ptx``). One shift of the register (left or right) moves both lanes; an and
 (or a lop3 adding to what is there) keeps the bits of one shift. So a code costs one and / lop3 per distinct shift
 among its bits, and the register costs the distinct nonzero shifts over all codes (the PTX compiler may share an
 identical shift across code positions) plus those pieces. Placements with each code's magnitude bits adjacent and in

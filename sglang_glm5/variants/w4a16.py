@@ -33,7 +33,7 @@ from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target
-from sglang_glm5.variants import Bucket, KernelVariant
+from sglang_glm5.variants import Bucket, KernelVariant, w4a16_gluon
 
 KERNELS = ("gemm1", "gemm2")
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
@@ -617,7 +617,8 @@ def launch_gemm2(
 
 def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
-    launch (sort, activation layout, split-K counters), gemm1, gemm2 and the top-k sum."""
+    launch (sort, activation layout, split-K counters), gemm1 (in Gluon where ``w4a16_gluon.applies``), gemm2 and
+    the top-k sum."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -629,7 +630,18 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
-    counters = torch.empty(plan.counters, dtype=torch.int32, device=device) if plan.counters else None
+    n_counters = plan.counters
+    gluon = config is None and w4a16_gluon.applies(device, weights.layout, hidden, cfg.gemm1.block_m,
+                                                   num_pairs / num_global)  # fmt: skip
+    if gluon:
+        tile = w4a16_gluon.TILE
+        want = math.ceil(w4a16_gluon.PROGRAMS_PER_SM * sms / (max(1.0, expected_blocks(
+            num_pairs, num_experts, num_global, tile.block_m)) * triton.cdiv(inter, tile.block_n)))  # fmt: skip
+        gluon_splits, gluon_per_split = k_splits(hidden, tile.block_k, want)
+        if gluon_splits > 1:
+            bound = num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m)
+            n_counters = max(n_counters, w4a16_gluon.counters_needed(bound, inter))
+    counters = torch.empty(n_counters, dtype=torch.int32, device=device) if n_counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
     each_pair = num_pairs <= min(EACH_PAIR_MAX_PAIRS, num_experts)
@@ -642,9 +654,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
-    launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
-                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False))  # fmt: skip
+    if gluon:
+        w4a16_gluon.launch(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, top_k, gate_row0,
+                           up_row0, splits=gluon_splits, k_per_split=gluon_per_split, counters=counters,
+                           pdl=pdl.get("gemm1", False))  # fmt: skip
+    else:
+        launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
+                     up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
+                     pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:

@@ -1,0 +1,255 @@
+"""gemm1 of the W4A16 op at decode sizes for sm_90, in Gluon (Triton's explicit-layout dialect).
+
+    P = T * top_k (token, slot) pairs, E = local experts, H = hidden size (gemm1's K), I = intermediate size
+
+The same work as ``nvfp4_moe.nvfp4_moe_gemm1_kernel`` on weights in the "kernel_wgmma" layout (LAYOUT 2): per routing
+block of 16 pairs and N tile of BLOCK_N rows of gate and of up, four quarter-width dots a K step (quarter q = code q
+of every packed word against activation columns 4c + q of the permuted K order), the same PTX decode
+(``nvfp4_moe.decode_ptx``), fp32 accumulation, h = SiLU(gate) * up written in the permuted K order. What differs is
+the schedule, written out instead of left to Triton's pipeliner:
+
+- the packed words, scale codes and four activation quarters of a K step come through a STAGES-deep ring of
+  cp.async copies, one shared allocation per operand (the compiler then sees that the copies of a step do not
+  overlap and puts no barrier between them); the copies of step i + STAGES - 1 are issued at the top of step i;
+- rows of padding (pair id >= P) are zero-filled, never read: read, every program would load token 0's row at
+  once, one L2 hot spot (2-4.7x slower on an H200);
+- each quarter's wgmma (decoded weights as the register operand, activations from shared memory) is issued
+  asynchronously and waited for when at most LOOKAHEAD quarters are left in flight, so the next quarter's decode
+  overlaps the tensor cores (Triton keeps a wgmma with a register operand synchronous);
+- the block scales are read back from shared memory in the wgmma operand's layout: a thread's two words of a
+  register share one block (the kernel_wgmma layout), and the broadcast to them is free
+  (``convert_layout(..., assert_trivial=True)``).
+
+K may be split over grid axis 2 (SPLITS): each program writes fp32 partials, the last to arrive at the tile's
+integer counter adds them in split order (the result does not depend on timing) and applies SiLU * up, as the
+Triton kernel does. With PDL the kernel waits for the launch before it (``griddepcontrol.wait``) before touching
+memory and lets the next start after its K loop. A program per possible block; idle blocks (expert -1) return.
+
+H200 measurements (``bench/README.md``, "gemm1 in Gluon"): the op 0.84-0.97x at GLM-5 B = 1-8 with this gemm1.
+"""
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+from sglang_glm5.kernels.nvfp4_moe import decode_ptx
+
+# The decode of bf16 weights in the kernel_wgmma layout (2), code position q: a 32-bit scale code per register.
+_PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
+# A CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7.
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _decode(packed, scale, Q: gl.constexpr):
+    """Quarter Q of a packed tile: e2m1 * scale * 2^-7 in bf16 (``nvfp4_moe.decode_ptx``)."""
+    return gl.inline_asm_elementwise(_PTX[Q], "=r,r,r,r", [packed, scale], dtype=gl.bfloat16, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _griddepcontrol(WAIT: gl.constexpr):
+    """``griddepcontrol.wait`` (WAIT) or ``griddepcontrol.launch_dependents``: see ``nvfp4_moe.after_previous_launch``
+    and ``let_next_launch``. Harmless without a dependent launch."""
+    if WAIT:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _issue_copies(
+    wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed gate, up; their scales; activation quarters
+    slot,  # ring slot
+    k0,  # the K step's first column
+    wg_rows, wu_rows, sg_rows, su_rows,  # [BLOCK_N] row pointers: packed words, scale codes of gate and up
+    x_rows,  # [16] activation row pointers
+    w_cols, s_cols, x_cols,  # column offsets of the copies
+    x_ok,  # [16, BLOCK_K / 4] real rows
+):  # fmt: skip
+    """cp.async of K step k0 into ring slot ``slot``."""
+    cp.async_copy_global_to_shared(wg_s.index(slot), wg_rows[:, None] + (k0 // 4 + w_cols)[None, :])
+    cp.async_copy_global_to_shared(wu_s.index(slot), wu_rows[:, None] + (k0 // 4 + w_cols)[None, :])
+    cp.async_copy_global_to_shared(sg_s.index(slot), sg_rows[:, None] + (k0 // 16 + s_cols)[None, :])
+    cp.async_copy_global_to_shared(su_s.index(slot), su_rows[:, None] + (k0 // 16 + s_cols)[None, :])
+    # quarter q of the step: columns k0 + 32g + 8q + j of the permuted K order, j < 8: one 16-byte copy
+    pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
+    cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
+    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
+    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16, mask=x_ok)
+    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24, mask=x_ok)
+
+
+@gluon.jit
+def _quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+    """Quarter Q of a K step, gate and up: decode, issue the wgmma without waiting, then wait until at most
+    LOOKAHEAD quarters (two wgmma groups each) are in flight, the decoded registers kept alive until then."""
+    ag = _decode(pg, sg, Q)
+    acc_g = warpgroup_mma(ag, xq, acc_g, is_async=True)
+    au = _decode(pu, su, Q)
+    acc_u = warpgroup_mma(au, xq, acc_u, is_async=True)
+    acc_g, acc_u, ag, au = warpgroup_mma_wait(num_outstanding=2 * LOOKAHEAD, deps=(acc_g, acc_u, ag, au))
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht):
+    """h = SiLU(gate) * up, global scales and 2^7 (``nvfp4_moe.DECODE_UNSCALE``) applied, in the permuted K order of
+    the kernel_wgmma layout (as ``nvfp4_moe``'s: column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i)."""
+    gs_gate = gl.load(wgs_ptr + e64 * stride_gse) * 128.0
+    gs_up = gl.load(wgs_ptr + e64 * stride_gse + stride_gsg) * 128.0
+    gate = acc_g * gs_gate
+    h = gate / (1.0 + gl.exp(-gate)) * (acc_u * gs_up)
+    col = (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+    gl.store(h_ptr + pair_safe[None, :] * stride_ht + col[:, None], h.to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
+def nvfp4_moe_gemm1_gluon_kernel(
+    x_ptr,  # [T, H] bf16, prepared activations (the kernel_wgmma K order)
+    w_ptr,  # [E, 2I, H/4] int16, packed codes (kernel_wgmma layout)
+    ws_ptr,  # [E, 2I, H/16] uint8 scale codes
+    wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
+    sorted_ids_ptr,  # [blocks * 16] int32 pair ids, >= P = padding
+    block_expert_ptr,  # [blocks] int32 expert of each block, -1 = no work
+    h_ptr,  # [P, I] bf16 out, permuted K order
+    part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
+    counter_ptr,  # [blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1), else unused
+    num_pairs,  # P
+    top_k,
+    inter_size,  # I
+    hidden_size,  # H, a multiple of BLOCK_K
+    k_per_split,  # K columns per split, a multiple of BLOCK_K (SPLITS > 1)
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
+    gate_row0,  # first w13 row of the gate half: 0 ("gate_up") or I ("up_gate")
+    up_row0,
+    BLOCK_N: gl.constexpr,  # rows of gate (and of up) a program
+    BLOCK_K: gl.constexpr,
+    STAGES: gl.constexpr,  # copy ring depth
+    LOOKAHEAD: gl.constexpr,  # quarters of wgmmas left in flight while the next is decoded
+    SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
+    PDL: gl.constexpr,  # programmatic dependent launch
+):  # fmt: skip
+    """Grid (blocks, N tiles, SPLITS), 4 warps (one warp group)."""
+    BLOCK_M: gl.constexpr = 16
+    QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
+    SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    if PDL:
+        _griddepcontrol(True)
+    expert = gl.load(block_expert_ptr + pid_m)
+    if expert >= 0:
+        e64 = expert.to(gl.int64)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        # copies: 16 bytes a thread (the activations' quarters: 8 columns a row), rows across warps
+        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
+        xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
+        s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QK], gl.bfloat16)
+        wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+        wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+        sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+        su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+        x0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x2_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+        x3_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
+
+        # The scale code of each packed register in the operand's layout: block b of each 16 words is word slots
+        # 2b, 2b + 1, 2b + 8, 2b + 9, so the [BLOCK_N, SK] tile read as [BLOCK_N, QK / 16, 4] and broadcast over slot
+        # bits 0 and 3 is the [BLOCK_N, QK] tile of codes. L5: the operand's layout as 5-d.
+        shape5: gl.constexpr = [BLOCK_N, QK // 16, 2, 4, 2]
+        zero5 = gl.reshape(gl.zeros([BLOCK_N, QK], gl.int32, layout=a_l), shape5)
+        L5: gl.constexpr = zero5.type.layout
+        S3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, L5))
+
+        rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
+        rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
+        wg_rows = w_ptr + e64 * stride_we + (gate_row0 + rows_w) * stride_wn
+        wu_rows = w_ptr + e64 * stride_we + (up_row0 + rows_w) * stride_wn
+        rows_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
+        rows_s = gl.where(rows_s < inter_size, rows_s, 0).to(gl.int64)
+        sg_rows = ws_ptr + e64 * stride_se + (gate_row0 + rows_s) * stride_sn
+        su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
+        w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+        s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+        x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
+        pair = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xc_l)))
+        x_rows = x_ptr + gl.where(pair < num_pairs, pair // top_k, 0).to(gl.int64) * stride_xt
+        x_ok = (pair < num_pairs)[:, None] & (x_cols < QK)[None, :]
+
+        k_begin = 0
+        k_end = hidden_size
+        if SPLITS > 1:
+            k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
+            k_end = gl.minimum(k_begin + k_per_split, hidden_size)
+        steps = gl.cdiv(k_end - k_begin, BLOCK_K)
+        for i in gl.static_range(STAGES - 1):
+            if i < steps:
+                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K, wg_rows,
+                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
+            cp.commit_group()
+
+        acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        for i in range(steps):
+            slot = i % STAGES
+            cp.wait_group(STAGES - 2)
+            _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            nxt = i + STAGES - 1
+            if nxt < steps:
+                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, k_begin + nxt * BLOCK_K,
+                              wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
+            cp.commit_group()
+            pg = wg_s.index(slot).load(a_l)
+            pu = wu_s.index(slot).load(a_l)
+            sg3 = sg_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
+            su3 = su_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
+            sg = gl.convert_layout(gl.reshape(gl.expand_dims(gl.expand_dims(sg3, 2), 4) + zero5, [BLOCK_N, QK]), a_l,
+                                   assert_trivial=True)  # fmt: skip
+            su = gl.convert_layout(gl.reshape(gl.expand_dims(gl.expand_dims(su3, 2), 4) + zero5, [BLOCK_N, QK]), a_l,
+                                   assert_trivial=True)  # fmt: skip
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
+            acc_g, acc_u = _quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
+            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        cp.wait_group(0)
+        if PDL:
+            _griddepcontrol(False)
+
+        n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+        ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
+        pair_safe = gl.where(pair_o < num_pairs, pair_o, 0).to(gl.int64)
+        if SPLITS > 1:
+            # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
+            split_stride = num_pairs * 2 * inter_size
+            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
+            gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
+            gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
+            _cta_barrier()  # every thread's partials are written before the counter says so
+            counter = counter_ptr + pid_m * gl.num_programs(1) + pid_n
+            if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                gl.store(counter, 0)  # ready for the next launch
+                acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+                acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+                for split in gl.static_range(SPLITS):
+                    acc_g += gl.load(p_ptrs + split * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
+                    acc_u += gl.load(p_ptrs + split * split_stride + inter_size, mask=ok, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+                _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+        else:
+            _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+
+
+def grid(num_blocks: int, inter: int, block_n: int, splits: int) -> tuple[int, int, int]:
+    """The launch grid: a program per possible block, N tile and K split."""
+    return num_blocks, triton.cdiv(inter, block_n), splits

@@ -1,0 +1,135 @@
+"""The Gluon form of gemm1 on sm_90 (``variants/w4a16_gluon.py``, ``kernels/nvfp4_moe_gluon.py``): where the op takes
+it, that it compiles for sm_90 ahead of time (CI, no GPU), and on a GPU that the op with it matches the float64
+reference, repeats bit for bit, and stays right when a CUDA graph replays other routings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_glm5 import moe, routing
+from sglang_glm5.hardware import TARGETS
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.variants import w4a16_gluon
+from sglang_glm5.weights import Nvfp4MoeWeights
+
+needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Triton has no Gluon")
+
+
+@needs_gluon
+@pytest.mark.parametrize("splits, pdl", [(1, False), (4, True)])
+def test_compiles_for_sm90_with_async_wgmma(splits, pdl):
+    kernel = w4a16_gluon.aot(90, splits=splits, pdl=pdl)
+    limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
+    assert 0 < kernel.metadata.shared <= limit
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
+    assert ("griddepcontrol.wait" in ptx) is pdl and ("griddepcontrol.launch_dependents" in ptx) is pdl
+    assert ("atom.global" in ptx) is (splits > 1), "the split's counter, and only there"
+
+
+def test_applies_only_where_it_was_measured(monkeypatch):
+    cuda = torch.device("cuda")
+    ok = {"layout": "kernel_wgmma", "hidden": 6144, "block_m": 16, "tokens_per_expert": 0.25}
+
+    def applies(device=cuda, **changes):
+        return w4a16_gluon.applies(device, **{**ok, **changes})
+
+    monkeypatch.setattr(w4a16_gluon, "interpreting", lambda: False)
+    monkeypatch.setattr(w4a16_gluon, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
+    assert not applies(), "off unless switched on"
+    monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "1")
+    assert applies()
+    assert not applies(torch.device("cpu"))
+    assert not applies(layout="kernel"), "the wgmma operand layout only"
+    assert not applies(block_m=32)
+    assert not applies(hidden=6144 + 64), "whole K steps of 256"
+    assert not applies(tokens_per_expert=0.26), "decode sizes only (GLM-5 B <= 8)"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    assert not applies(), "SM120 has no wgmma"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(w4a16_gluon, "interpreting", lambda: True)
+    assert not applies()
+
+
+def _gpu_case(device: torch.device, monkeypatch) -> None:
+    if device.type != "cuda" or routing.interpreting():
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
+    major, minor = torch.cuda.get_device_capability(device)
+    if 10 * major + minor != 90 or not w4a16_gluon.available():
+        pytest.skip("the Gluon gemm1 runs on sm_90 only")
+    monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "1")
+
+
+def _ids(num_tokens: int, top_k: int, experts: torch.Tensor, gen: torch.Generator, idle: int = 0) -> torch.Tensor:
+    """Each token but the first ``idle``: 1 to top_k distinct experts of ``experts``; the other slots -1."""
+    ids = torch.full((num_tokens, top_k), -1, dtype=torch.int32)
+    for t in range(idle, num_tokens):
+        n = int(torch.randint(1, min(top_k, experts.numel()) + 1, (1,), generator=gen))
+        ids[t, torch.randperm(top_k, generator=gen)[:n]] = experts[torch.randperm(experts.numel(), generator=gen)[:n]]
+    return ids
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.cpu().double() - want).norm() / want.norm()).item()
+
+
+# (tokens, active experts of 8, tokens with no local slot): H = 1024 (4 K steps of 256), I = 320 (an N tail of 64)
+GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
+
+
+@pytest.mark.parametrize("per_sm", [0, 2])  # 0: unsplit; 2: split over K as the op does
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"T{c[0]}-active{c[1]}-idle{c[2]}")
+def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, device, monkeypatch):
+    _gpu_case(device, monkeypatch)
+    monkeypatch.setattr(w4a16_gluon, "PROGRAMS_PER_SM", per_sm)
+    num_tokens, active, idle = case
+    layer = random_layer(8, 1024, 320, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    assert bundle.layout == "kernel_wgmma"
+    x = torch.randn(num_tokens, 1024, generator=gen).bfloat16()
+    weights, _ = random_routing(num_tokens, 8, 4, gen)
+    ids = _ids(num_tokens, 4, torch.randperm(8, generator=gen)[:active].to(torch.int32), gen, idle)
+    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    args = (x.to(device), bundle, weights.to(device), ids.to(device))
+    kw = {"check_ids": False, "num_global_experts": 64}  # 4 pairs / 64 experts: at most 1/4 token per expert
+    assert w4a16_gluon.applies(device, bundle.layout, 1024, 16, ids.numel() / 64)
+    out = moe.fused_moe(*args, **kw)
+    assert torch.isfinite(out).all()
+    assert _rel(out, want) < 1e-2
+    assert torch.equal(moe.fused_moe(*args, **kw), out), "the same call twice must give the same bits"
+    if idle:
+        assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replays_with_one_expert_then_all(gen, device, monkeypatch):
+    # The grid and the split are fixed at capture; the blocks in use come from the device.
+    _gpu_case(device, monkeypatch)
+    layer = random_layer(8, 1024, 512, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    x = torch.empty(4, 1024, dtype=torch.bfloat16, device=device)
+    weights = torch.empty(4, 4, device=device)
+    ids = torch.empty(4, 4, dtype=torch.int32, device=device)
+    kw = {"check_ids": False, "num_global_experts": 64}
+
+    def fill(active: int):
+        w, _ = random_routing(4, 8, 4, gen)
+        x.copy_(torch.randn(4, 1024, generator=gen).bfloat16())
+        weights.copy_(w)
+        ids.copy_(_ids(4, 4, torch.randperm(8, generator=gen)[:active].to(torch.int32), gen, idle=1))
+
+    fill(1)
+    moe.fused_moe(x, bundle, weights, ids, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(x, bundle, weights, ids, **kw)
+    for active in (1, 8, 1):
+        fill(active)
+        graph.replay()
+        want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
+        assert _rel(out, want) < 1e-2, f"{active} active experts"
