@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute on the op's gemm1 (16x64x256-w4-s3, launch 2) and the Gluon gemm1 (16x64x256-s3-la1, launch 3) of
+# Nsight Compute on the op's gemm1 (16x64x256-w4-s3, launch 2) and the Gluon gemm1 (one quarter in flight, launch 3) of
 # bench/exp/gluon_gemm1.py at one decode size: the details page and the SASS stall samples (ncu_hot.py) of each.
 # Usage (on the GPU machine, from the laid-out package): bash bench/exp/gluon_ncu.sh OUT [B]
 set -uo pipefail
