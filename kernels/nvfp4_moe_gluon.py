@@ -85,7 +85,8 @@ def _issue_copies(
 @gluon.jit
 def _quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
     """Quarter Q of a K step, gate and up: decode, issue the wgmma without waiting, then wait until at most
-    LOOKAHEAD quarters (two wgmma groups each) are in flight, the decoded registers kept alive until then."""
+    LOOKAHEAD quarters (two wgmma groups each) are in flight. The registers of a quarter still in flight stay
+    untouched because ptxas tracks the operands of asynchronous wgmmas (else it serializes them, with a warning)."""
     ag = _decode(pg, sg, Q)
     acc_g = warpgroup_mma(ag, xq, acc_g, is_async=True)
     au = _decode(pu, su, Q)

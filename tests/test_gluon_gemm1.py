@@ -77,7 +77,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.cpu().double() - want).norm() / want.norm()).item()
 
 
-# (tokens, active experts of 8, tokens with no local slot): H = 1024 (4 K steps of 256), I = 320 (an N tail of 64)
+# (tokens, active experts of 8, tokens with no local slot): H = 1024 (4 K steps of 256), I = 320 (5 N tiles of 64)
 GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
 
 
@@ -96,13 +96,43 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
     want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
     args = (x.to(device), bundle, weights.to(device), ids.to(device))
     kw = {"check_ids": False, "num_global_experts": 64}  # 4 pairs / 64 experts: at most 1/4 token per expert
-    assert w4a16_gluon.applies(device, bundle.layout, 1024, 16, ids.numel() / 64)
+    calls = []
+    launch = w4a16_gluon.launch
+    monkeypatch.setattr(w4a16_gluon, "launch", lambda *a, **k: calls.append(k["splits"]) or launch(*a, **k))
     out = moe.fused_moe(*args, **kw)
+    assert calls and (calls[0] > 1) is (per_sm > 0), "the op must have taken the Gluon gemm1, split as asked"
     assert torch.isfinite(out).all()
     assert _rel(out, want) < 1e-2
     assert torch.equal(moe.fused_moe(*args, **kw), out), "the same call twice must give the same bits"
     if idle:
         assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, monkeypatch):
+    # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
+    _gpu_case(device, monkeypatch)
+    from sglang_glm5.variants import w4a16
+
+    layer = random_layer(8, 1536, 256, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    x = torch.randn(3, 1536, generator=gen).bfloat16().to(device)
+    ids = _ids(3, 4, torch.randperm(8, generator=gen)[:3].to(torch.int32), gen).to(device)
+    xp = torch.empty_like(x)
+    route = routing.route_pairs(ids, 8, 16, permute=(x, xp), layout=bundle.layout)
+    k_splits = w4a16.k_splits(1536, 256, splits)
+    counters = torch.zeros(w4a16_gluon.counters_needed(route.block_expert.numel(), 256), dtype=torch.int32,
+                           device=device)  # fmt: skip
+    args = (xp, bundle.w13, bundle.w13_scale, bundle.w13_scale_2, route)
+    h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
+    h_gluon = torch.zeros_like(h_triton)
+    launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
+    w4a16.launch_gemm1(*args, h_triton, w4a16_gluon.TILE, 4, *bundle.gate_up_rows, False, launch=launch,
+                       counters=counters, layout=bundle.layout)  # fmt: skip
+    w4a16_gluon.launch(*args, h_gluon, 4, *bundle.gate_up_rows, splits=k_splits[0], k_per_split=k_splits[1],
+                       counters=counters, pdl=False)  # fmt: skip
+    valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
+    assert torch.equal(h_gluon[valid], h_triton[valid])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

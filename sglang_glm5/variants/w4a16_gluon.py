@@ -29,10 +29,11 @@ MAX_TOKENS_PER_EXPERT = Fraction(1, 4)  # GLM-5 B <= 8 tokens a step (top-8 of 2
 
 @functools.cache
 def available() -> bool:
-    """Whether this Triton has Gluon with Hopper's warpgroup MMA (Triton >= 3.5)."""
+    """Whether this Triton has the Gluon the kernel is written for (Hopper's warpgroup MMA, cp.async, a CTA barrier:
+    Triton 3.6 and 3.8 checked)."""
     try:
         import sglang_glm5.kernels.nvfp4_moe_gluon  # noqa: F401
-    except ImportError:
+    except (ImportError, AttributeError):
         return False
     return True
 
@@ -70,9 +71,11 @@ def launch(
 
     num_pairs, inter = h.shape
     num_blocks = route.block_expert.numel()
-    if x.shape[1] % TILE.block_k or k_per_split % TILE.block_k:
-        raise ValueError(f"gluon gemm1: H and the split must be multiples of {TILE.block_k}, got {x.shape[1]}, "
-                         f"{k_per_split}")  # fmt: skip
+    hidden = x.shape[1]
+    if hidden % TILE.block_k or k_per_split % TILE.block_k or not 0 <= (splits - 1) * k_per_split < hidden <= (
+            splits * k_per_split):  # fmt: skip
+        raise ValueError(f"gluon gemm1: {splits} splits of {k_per_split} must cover H = {hidden} in whole K steps of "
+                         f"{TILE.block_k}, none empty")  # fmt: skip
     part = h
     if splits > 1:
         if counters is None or counters.numel() < counters_needed(num_blocks, inter):
