@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_glm5 import moe, routing
+from sglang_glm5 import aot, moe, routing
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
@@ -18,15 +18,17 @@ needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Trito
 
 
 @needs_gluon
-@pytest.mark.parametrize("splits, pdl", [(1, False), (4, True)])
-def test_compiles_for_sm90_with_async_wgmma(splits, pdl):
-    kernel = w4a16_gluon.aot(90, splits=splits, pdl=pdl)
+def test_compiles_for_sm90_with_async_wgmma():
+    # In worker processes (sglang_glm5.aot): kernels imported under the interpreter do not compile reliably.
+    forms = [(1, False), (4, True)]
+    results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", [[90, s, p] for s, p in forms])
     limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
-    assert 0 < kernel.metadata.shared <= limit
-    ptx = kernel.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
-    assert ("griddepcontrol.wait" in ptx) is pdl and ("griddepcontrol.launch_dependents" in ptx) is pdl
-    assert ("atom.global" in ptx) is (splits > 1), "the split's counter, and only there"
+    for (splits, pdl), got in zip(forms, results, strict=True):
+        assert isinstance(got, dict), got
+        assert 0 < got["shared"] <= limit
+        assert got["wgmma"] and got["cp_async"]
+        assert got["gdc_wait"] is pdl and got["gdc_launch"] is pdl
+        assert got["atomic"] is (splits > 1), "the split's counter, and only there"
 
 
 def test_applies_only_where_it_was_measured(monkeypatch):

@@ -93,8 +93,23 @@ def launch(
     )  # fmt: skip
 
 
+def aot_job(arch: int, splits: int, pdl: bool) -> dict:
+    """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): the kernel compiled for ``sm_{arch}``, as
+    its shared bytes and which instructions its PTX holds."""
+    kernel = aot(arch, splits=splits, pdl=pdl)
+    ptx = kernel.asm["ptx"]
+    found = {name: text in ptx for name, text in PTX_MARKS.items()}
+    return {"shared": kernel.metadata.shared, **found}
+
+
+# What ``aot_job`` looks for in the PTX.
+PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "griddepcontrol.wait",
+             "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global"}  # fmt: skip
+
+
 def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False):
-    """Triton's ahead-of-time compile of the kernel for ``sm_{arch}`` (no GPU needed): the compiled kernel."""
+    """Triton's ahead-of-time compile of the kernel for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
+    process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
