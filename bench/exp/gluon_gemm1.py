@@ -13,9 +13,9 @@ kernel of the first case once, for Nsight Compute (``gluon_ncu.sh``). The forms 
 (padding rows read, copies after the wgmmas, 8 warps, BLOCK_K 128, 2 and 4 stages) are in this script at 6ba6c65.
 """
 
+import dataclasses
 import functools
 import json
-import math
 import os
 import statistics
 import sys
@@ -114,8 +114,10 @@ def decode_variants(layout, batch, sms):
             layout="kernel_wgmma"), h)}  # fmt: skip
         expected = w4a16.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
         tiles = triton.cdiv(layout.inter, w4a16_gluon.TILE.block_n)
-        for per_sm in (1, 2, 4, 0):
-            want = math.ceil(per_sm * sms / (max(1.0, expected) * tiles)) if per_sm else 1
+        bound = route.block_expert.numel()
+        for per_sm in (1, 2, 4, 0):  # the op's split plan aimed at per_sm programs an SM; 0: unsplit
+            tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=per_sm, split_k=0 if per_sm else 1)
+            want = w4a16.plan_launch(layout.hidden, tile, tiles, bound, expected, sms).splits
             hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
             call, splits = gluon_call(args, hg, ids.shape[1], rows, layout.inter, layout.hidden, want,
                                       w4a16_gluon.LOOKAHEAD, route.block_expert.numel())  # fmt: skip

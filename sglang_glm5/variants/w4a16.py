@@ -633,13 +633,12 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     n_counters = plan.counters
     gluon = config is None and w4a16_gluon.applies(device, weights.layout, hidden, cfg.gemm1.block_m,
                                                    num_pairs / num_global)  # fmt: skip
-    if gluon:
+    if gluon:  # the split plan of its own tile (a program per possible block: the plan's block programs unused)
         tile = w4a16_gluon.TILE
-        want = math.ceil(w4a16_gluon.PROGRAMS_PER_SM * sms / (max(1.0, expected_blocks(
-            num_pairs, num_experts, num_global, tile.block_m)) * triton.cdiv(inter, tile.block_n)))  # fmt: skip
-        gluon_splits, gluon_per_split = k_splits(hidden, tile.block_k, want)
-        if gluon_splits > 1:
-            bound = num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m)
+        bound = num_blocks_bound(num_pairs, num_experts, tile.block_m)
+        gluon_plan = plan_launch(hidden, tile, triton.cdiv(inter, tile.block_n), bound,
+                                 expected_blocks(num_pairs, num_experts, num_global, tile.block_m), sms)  # fmt: skip
+        if gluon_plan.splits > 1:
             n_counters = max(n_counters, w4a16_gluon.counters_needed(bound, inter))
     counters = torch.empty(n_counters, dtype=torch.int32, device=device) if n_counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
@@ -656,7 +655,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     if gluon:
         w4a16_gluon.launch(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, top_k, gate_row0,
-                           up_row0, splits=gluon_splits, k_per_split=gluon_per_split, counters=counters,
+                           up_row0, splits=gluon_plan.splits, k_per_split=gluon_plan.k_per_split, counters=counters,
                            pdl=pdl.get("gemm1", False))  # fmt: skip
     else:
         launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,

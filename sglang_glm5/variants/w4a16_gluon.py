@@ -2,7 +2,7 @@
 
 ``kernels/nvfp4_moe_gluon.py`` is the same gemm1 as the Triton kernel (same decode, dots and K order, the op's K
 splits and its deterministic sum) with the copies, the wgmma waits and the scale reads scheduled by hand. It takes
-one tile (``TILE``), split over K for ``PROGRAMS_PER_SM`` programs an SM by the blocks the op expects. Opt-in
+one tile (``TILE``), split over K by the op's plan (``w4a16.plan_launch``) for the tile's ``programs_per_sm``. Opt-in
 (``SGLANG_GLM5_GLUON_GEMM1``): it is not in the tuner's search yet, so a call that turns it on skips the cached
 gemm1 tile and split for these sizes. H200, GLM-5, the whole op at real routing, seeds 43 and 67 (bench/README.md,
 run 29; B = 1, 2, 3, 4, 6, 8): EP8 0.84-0.98x, TP8 B = 1-3 0.89-0.93x, B = 8 0.99x, B = 4-6 1.01-1.02x; at B = 12-16
@@ -21,9 +21,9 @@ from sglang_glm5.hardware import wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig
 
-TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3)
+# programs_per_sm: the K split's aim (1 was better at some steps, worse at others: bench/README.md, run 29)
+TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, programs_per_sm=2)
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
-PROGRAMS_PER_SM = 2  # the K split's aim (1 was better at some steps, worse at others: bench/README.md, run 29)
 MAX_TOKENS_PER_EXPERT = Fraction(1, 4)  # GLM-5 B <= 8 tokens a step (top-8 of 256 experts)
 
 
