@@ -577,8 +577,10 @@ def tune(
         if v.split_candidates is not None:
             # The fastest few tiles again with other split plans (same tile: same shared memory).
             leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
-            splits = [(c, shared) for _, cfg, shared in leaders
-                      for c in v.split_candidates(kernel, cfg, shape, bucket, target.sm_count)]  # fmt: skip
+            sms, arch = target.sm_count, target.arch
+            found = [(c, cfg, shared) for _, cfg, shared in leaders
+                     for c in v.split_candidates(kernel, cfg, shape, bucket, sms, arch=arch)]  # fmt: skip
+            splits = _with_shared(v, kernel, target, found)
             failure = _time_split_trials(bench, kernel, bucket, splits, timed, report, say, key) or failure
         if not timed:
             raise RuntimeError(f"no {v.title} config of {kernel} ran on this GPU at m={bucket}; last error {failure}")
@@ -597,8 +599,8 @@ def _tune_split(
     shared = v.fits(kernel, tile, target)
     if shared is None:
         raise RuntimeError(f"{key}: {tile.label} does not fit {target.name} ({target.shared_per_block} B)")
-    trials = v.split_candidates(kernel, tile, shape, bucket, target.sm_count, v.step_split_targets) if (
-        v.split_candidates and v.step_split_targets) else []  # fmt: skip
+    trials = v.split_candidates(kernel, tile, shape, bucket, target.sm_count, v.step_split_targets,
+                                arch=target.arch) if v.split_candidates and v.step_split_targets else []  # fmt: skip
     if not trials:
         say(f"{key}: {tile.label}: the plan has no other split count here (no entry)")
         return None
@@ -606,8 +608,8 @@ def _tune_split(
     timed: list[tuple[float, GemmConfig, int]] = []
     failure = _time_candidates(bench, kernel, bucket, [(tile, shared)], timed, report, say, f"{key}: ")
     default = timed[0] if timed else None  # the tile with the plan's own split, if it ran
-    failure = _time_split_trials(bench, kernel, bucket, [(c, shared) for c in trials], timed, report, say,
-                                 key) or failure  # fmt: skip
+    failure = _time_split_trials(bench, kernel, bucket, _with_shared(v, kernel, target, [(c, tile, shared) for c in
+                                 trials]), timed, report, say, key) or failure  # fmt: skip
     if not timed:
         raise RuntimeError(f"{key}: {tile.label} did not run with any split plan; last error {failure}")
     ms, cfg, _ = min(timed, key=lambda t: t[0])
@@ -617,6 +619,21 @@ def _tune_split(
             return None
         ms, cfg, _ = default  # within the timing spread: the plan's own split stays
     return Entry(cfg, shared, ms, triton.__version__)
+
+
+def _with_shared(
+    v: KernelVariant, kernel: str, target: GpuTarget, trials: list[tuple[GemmConfig, GemmConfig, int]]
+) -> list[tuple[GemmConfig, int]]:
+    """(trial, its shared bytes) for each (trial, the tile it came from, that tile's shared bytes), once each: a trial
+    of the same tile takes its shared memory; another (the Gluon gemm1's tile) is checked on its own, and dropped if
+    it does not fit."""
+    out: dict[GemmConfig, int] = {}
+    for trial, tile, shared in trials:
+        if trial not in out:
+            fit = shared if trial.without_plan() == tile.without_plan() else v.fits(kernel, trial, target)
+            if fit is not None:
+                out[trial] = fit
+    return list(out.items())
 
 
 def _time_split_trials(

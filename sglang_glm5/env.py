@@ -130,10 +130,9 @@ PDL = Switch(
     parse_bool,
 )  # fmt: skip
 GLUON_GEMM1 = Switch(
-    "SGLANG_GLM5_GLUON_GEMM1", "bool", False,
-    "on sm_90 (H100 / H200) the W4A16 op's gemm1 at decode sizes (at most 1/4 token per expert: GLM-5 B <= 8) runs "
-    "as a Gluon kernel with its own tile and K split instead of the cached Triton one (`variants/w4a16_gluon.py`; "
-    "measured 0.84-1.02x the op's time on an H200); off by default until the tuner chooses between the two",
+    "SGLANG_GLM5_GLUON_GEMM1", "bool", True,
+    "on sm_90 (H100 / H200) a W4A16 gemm1 config marked Gluon (`-gl` in the cache, chosen by the tuner at decode "
+    "sizes) runs as the Gluon kernel (`variants/w4a16_gluon.py`); off = the Triton kernel with the same tile and split",
     parse_bool,
 )  # fmt: skip
 STOCK_CONFIGS = Switch(

@@ -31,6 +31,9 @@ class GemmConfig:
     split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (variants.w4a16), else this many
     programs_per_sm: int = 0  # with split_k 0: what the call's split plan aims for; 0 = the family's default
     stream: int = 0  # gemm1 of variants.w4a16 only (other kernels ignore it): > 0 = a stream-K schedule, per SM
+    # gemm1 of variants.w4a16 only: the Gluon kernel where it runs (variants/w4a16_gluon.py: sm_90), else the Triton
+    # one with the same tile and plan
+    gluon: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -58,6 +61,8 @@ class GemmConfig:
             )
         if self.stream and (self.split_k or self.programs_per_sm):
             raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
+        if self.gluon and (self.stream or self.block_m != 16 or self.num_warps != 4):
+            raise ValueError(f"GemmConfig: the Gluon gemm1 takes 16 rows, 4 warps and no stream-K schedule, got {self}")
 
     @property
     def has_plan(self) -> bool:
@@ -74,17 +79,20 @@ class GemmConfig:
         split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
         if self.stream:
             split = f"-sk{self.stream}"
-        return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}"
+        form = "-gl" if self.gluon else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}{form}"
 
     @classmethod
     def from_label(cls, label: str) -> GemmConfig:
         """The config of ``label`` ("16x128x256-w4-s3", with "-k2", "-p1" or "-sk2" for a fixed split, plan or stream-K
-        schedule)."""
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?", label)
+        schedule, then "-gl" for the Gluon gemm1)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?", label)
         if m is None:
-            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2], got {label!r}")
-        block_m, block_n, block_k, warps, stages, split_k, per_sm, stream = (int(v) if v else 0 for v in m.groups())
-        return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm, stream=stream)
+            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl], got {label!r}")
+        *sizes, gluon = m.groups()
+        block_m, block_n, block_k, warps, stages, split_k, per_sm, stream = (int(v) if v else 0 for v in sizes)
+        return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm, stream=stream,
+                   gluon=bool(gluon))  # fmt: skip
 
     def as_dict(self) -> dict[str, int]:
         d = {
@@ -100,6 +108,8 @@ class GemmConfig:
             d["programs_per_sm"] = self.programs_per_sm
         if self.stream:
             d["stream"] = self.stream
+        if self.gluon:
+            d["gluon"] = True
         return d
 
 

@@ -431,7 +431,9 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
         calls.clear()
         entries, report = autotune.tune(h200, shape, [step], fake_bench, tiles=autotune.tiles_in_use(h200, shape))
         for kernel in ("gemm1", "gemm2"):
-            trials = w4a16.split_candidates(kernel, tile, shape, step, h200.sm_count, w4a16.STEP_SPLIT_TRIALS)
+            # with the Gluon gemm1's trials where this Triton has Gluon
+            trials = w4a16.split_candidates(kernel, tile, shape, step, h200.sm_count, w4a16.STEP_SPLIT_TRIALS,
+                                            arch=h200.arch)  # fmt: skip
             key = cache_key(h200, kernel, gemm_shape(kernel, shape), step, measured=True)
             timed = [cfg for k, cfg, _ in calls if k == kernel]
             if shape is TP8 and kernel == "gemm2":

@@ -1,10 +1,12 @@
-"""The Gluon form of gemm1 on sm_90 (``variants/w4a16_gluon.py``, ``kernels/nvfp4_moe_gluon.py``): where the op takes
-it, that it compiles for sm_90 ahead of time (CI, no GPU), and on a GPU that the op with it matches the float64
-reference, repeats bit for bit, and stays right when a CUDA graph replays other routings."""
+"""The Gluon form of gemm1 on sm_90 (``variants/w4a16_gluon.py``, ``kernels/nvfp4_moe_gluon.py``): where a config
+marked Gluon runs it, what the tuner offers, that it compiles for sm_90 ahead of time (CI, no GPU), that elsewhere the
+Triton kernel runs the same config, and on a GPU that the op with it matches the float64 reference, repeats bit for
+bit, and stays right when a CUDA graph replays other routings."""
 
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import pytest
 import torch
@@ -12,8 +14,10 @@ import torch
 from sglang_glm5 import aot, moe, routing
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.shapes import MoeShape
 from sglang_glm5.testing import random_layer, random_routing
-from sglang_glm5.variants import w4a16_gluon
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a16, w4a16_gluon
 from sglang_glm5.weights import Nvfp4MoeWeights
 
 needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Triton has no Gluon")
@@ -33,9 +37,20 @@ def test_compiles_for_sm90_with_async_wgmma():
         assert got["atomic"] is (splits > 1), "the split's counter, and only there"
 
 
-def test_applies_only_where_it_was_measured(monkeypatch):
+def test_label_says_gluon_and_round_trips():
+    cfg = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=1)
+    assert cfg.label == "16x64x256-w4-s3-p1-gl"
+    assert GemmConfig.from_label(cfg.label) == cfg and GemmConfig(**cfg.as_dict()) == cfg
+    assert cfg.without_plan() == w4a16_gluon.TILE, "the kernel is the config's form, not its plan"
+    with pytest.raises(ValueError, match="16 rows, 4 warps"):
+        GemmConfig(32, 64, 256, 4, 3, gluon=True)
+    with pytest.raises(ValueError, match="stream-K"):
+        dataclasses.replace(w4a16_gluon.TILE, stream=2)
+
+
+def test_applies_only_where_it_runs(monkeypatch):
     cuda = torch.device("cuda")
-    ok = {"layout": "kernel_wgmma", "hidden": 6144, "block_m": 16, "tokens_per_expert": 0.25}
+    ok = {"layout": "kernel_wgmma", "hidden": 6144, "tile": w4a16_gluon.TILE}
 
     def applies(device=cuda, **changes):
         return w4a16_gluon.applies(device, **{**ok, **changes})
@@ -44,19 +59,70 @@ def test_applies_only_where_it_was_measured(monkeypatch):
     monkeypatch.setattr(w4a16_gluon, "available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
-    assert not applies(), "off unless switched on"
+    assert applies(), "on by default for a config marked Gluon"
+    assert not applies(tile=dataclasses.replace(w4a16_gluon.TILE, gluon=False)), "only a config marked Gluon"
+    monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "0")
+    assert not applies(), "the switch off: the Triton kernel"
     monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "1")
-    assert applies()
     assert not applies(torch.device("cpu"))
     assert not applies(layout="kernel"), "the wgmma operand layout only"
-    assert not applies(block_m=32)
     assert not applies(hidden=6144 + 64), "whole K steps of 256"
-    assert not applies(tokens_per_expert=0.26), "decode sizes only (GLM-5 B <= 8)"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
     assert not applies(), "SM120 has no wgmma"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(w4a16_gluon, "interpreting", lambda: True)
     assert not applies()
+
+
+EP8 = MoeShape(num_experts=32, hidden=6144, inter=2048, global_experts=256)  # GLM-5 under 8-way expert parallelism
+H200 = 132  # SMs
+
+
+# (bucket of tokens per expert, whether the Gluon tile is offered, whether with other split plans)
+OFFERS = [
+    (Fraction(1, 32), True, True),  # GLM-5 B = 1: split plans of the Gluon tile
+    (Fraction(1, 4), True, True),
+    (1, True, False),  # B = 32: its own tile, unsplit (the blocks fill the GPU)
+    (2, True, False),  # B = 64: the last bucket it is offered at (GLUON_MAX_BUCKET)
+    (4, False, False),
+]
+
+
+@pytest.mark.parametrize("bucket,offered,split", OFFERS, ids=lambda v: str(v))
+def test_tuner_offers_the_gluon_tile_at_decode_buckets(bucket, offered, split, monkeypatch):
+    monkeypatch.setattr(w4a16_gluon, "available", lambda: True)
+    triton_tile = GemmConfig(16, 128, 256, 4, 3)
+    found = w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
+    gluon = [c for c in found if c.gluon]
+    assert bool(gluon) is offered
+    assert all(c.without_plan() == w4a16_gluon.TILE and not c.stream for c in gluon)
+    if offered:
+        assert w4a16_gluon.TILE in gluon, "with the default plan"
+        assert (len(gluon) > 1) is split
+        num_pairs = EP8.tokens_at(bucket) * EP8.top_k
+        splits = [w4a16.plan_gemms(MoeConfig(c, c), num_pairs, 32, 256, 6144, 2048, H200).gemm1.splits for c in gluon]
+        assert len(set(splits)) == len(splits), "one trial per split count"
+    without = w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS)
+    assert [c for c in found if not c.gluon] == without, "the Triton trials as without Gluon"
+    assert not [c for c in w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
+    assert not [c for c in w4a16.split_candidates("gemm2", triton_tile, EP8, bucket, H200, arch=90) if c.gluon]
+
+
+def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device):
+    # The interpreter (CI) and every GPU but sm_90 run a config marked Gluon as the Triton kernel: the same bits as
+    # the same tile unmarked.
+    if device.type == "cuda":
+        pytest.skip("the fallback is what the interpreter runs")
+    layer = random_layer(8, 512, 128, gen)
+    bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()
+    x = torch.randn(3, 512, generator=gen).bfloat16()
+    weights, ids = random_routing(3, 8, 4, gen)
+    gemm2 = w4a16.heuristic_config(0.1).gemm2
+    tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=1)
+    got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(tile, gemm2), num_global_experts=64)
+    want = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(dataclasses.replace(tile, gluon=False), gemm2),
+                         num_global_experts=64)  # fmt: skip
+    assert torch.equal(got, want)
 
 
 def _gpu_case(device: torch.device, monkeypatch) -> None:
@@ -65,7 +131,13 @@ def _gpu_case(device: torch.device, monkeypatch) -> None:
     major, minor = torch.cuda.get_device_capability(device)
     if 10 * major + minor != 90 or not w4a16_gluon.available():
         pytest.skip("the Gluon gemm1 runs on sm_90 only")
-    monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "1")
+    monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
+
+
+def _config(per_sm: int) -> MoeConfig:
+    """The Gluon tile split for ``per_sm`` programs an SM (0: unsplit), with the heuristic's gemm2."""
+    tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=per_sm, split_k=0 if per_sm else 1)
+    return MoeConfig(tile, w4a16.heuristic_config(0.1).gemm2)
 
 
 def _ids(num_tokens: int, top_k: int, experts: torch.Tensor, gen: torch.Generator, idle: int = 0) -> torch.Tensor:
@@ -89,8 +161,6 @@ GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"T{c[0]}-active{c[1]}-idle{c[2]}")
 def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, device, monkeypatch):
     _gpu_case(device, monkeypatch)
-    if not per_sm:  # a fixed single split
-        monkeypatch.setattr(w4a16_gluon, "TILE", dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=0, split_k=1))
     num_tokens, active, idle = case
     layer = random_layer(8, 1024, 320, gen)
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
@@ -100,12 +170,17 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
     ids = _ids(num_tokens, 4, torch.randperm(8, generator=gen)[:active].to(torch.int32), gen, idle)
     want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
     args = (x.to(device), bundle, weights.to(device), ids.to(device))
-    kw = {"check_ids": False, "num_global_experts": 64}  # 4 pairs / 64 experts: at most 1/4 token per expert
+    kw = {"check_ids": False, "num_global_experts": 64, "config": _config(per_sm)}
     calls = []
     launch = w4a16_gluon.launch
     monkeypatch.setattr(w4a16_gluon, "launch", lambda *a, **k: calls.append(k["splits"]) or launch(*a, **k))
     out = moe.fused_moe(*args, **kw)
     assert calls and (calls[0] > 1) is (per_sm > 0), "the op must have taken the Gluon gemm1, split as asked"
+    monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "0")
+    calls.clear()
+    off = moe.fused_moe(*args, **kw)
+    assert not calls and _rel(off, want) < 1e-2, "switched off, the Triton kernel runs the same config"
+    monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1")
     assert torch.isfinite(out).all()
     assert _rel(out, want) < 1e-2
     assert torch.equal(moe.fused_moe(*args, **kw), out), "the same call twice must give the same bits"
@@ -117,7 +192,6 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
 def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, monkeypatch):
     # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
     _gpu_case(device, monkeypatch)
-    from sglang_glm5.variants import w4a16
 
     layer = random_layer(8, 1536, 256, gen)
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
@@ -132,7 +206,8 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, mo
     h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
     h_gluon = torch.zeros_like(h_triton)
     launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
-    w4a16.launch_gemm1(*args, h_triton, w4a16_gluon.TILE, 4, *bundle.gate_up_rows, False, launch=launch,
+    triton_tile = dataclasses.replace(w4a16_gluon.TILE, gluon=False)
+    w4a16.launch_gemm1(*args, h_triton, triton_tile, 4, *bundle.gate_up_rows, False, launch=launch,
                        counters=counters, layout=bundle.layout)  # fmt: skip
     w4a16_gluon.launch(*args, h_gluon, 4, *bundle.gate_up_rows, splits=k_splits[0], k_per_split=k_splits[1],
                        counters=counters, pdl=False)  # fmt: skip
@@ -149,7 +224,7 @@ def test_graph_replays_with_one_expert_then_all(gen, device, monkeypatch):
     x = torch.empty(4, 1024, dtype=torch.bfloat16, device=device)
     weights = torch.empty(4, 4, device=device)
     ids = torch.empty(4, 4, dtype=torch.int32, device=device)
-    kw = {"check_ids": False, "num_global_experts": 64}
+    kw = {"check_ids": False, "num_global_experts": 64, "config": _config(2)}
 
     def fill(active: int):
         w, _ = random_routing(4, 8, 4, gen)

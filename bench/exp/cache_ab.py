@@ -4,7 +4,7 @@ Each setting replaces ``autotune.pick_config`` with lookups in one ``ConfigCache
 package's file alone, "tuned" the user's cache over it (``$SGLANG_GLM5_CACHE_DIR``, as the op would). Times the op at
 real routing, round-robin from CUDA graphs on the same inputs, with per-kernel device times and the tiles each
 setting picked per step.
-Usage: python bench/exp/cache_ab.py OUT_DIR   (EXP_BATCHES, default 1,2,3,...,16)
+Usage: python bench/exp/cache_ab.py OUT_DIR   (EXP_BATCHES, default 1,2,3,...,16; BENCH_SEED, default 67)
 """
 
 import os
@@ -39,4 +39,5 @@ if __name__ == "__main__":
             a, t = shipped.lookup(shape, m), tuned.lookup(shape, m)
             print(f"{name} B={b:3d}: shipped {a.gemm1.label}, {a.gemm2.label}; tuned {t.gemm1.label}, {t.gemm2.label}")
     settings = {"shipped": {"pick_config": picker(shipped)}, "tuned": {"pick_config": picker(tuned)}}
-    compare_settings(Path(sys.argv[1]), "cache_ab", autotune, settings, BATCHES, seed=67)
+    seed = int(os.environ.get("BENCH_SEED", "67"))
+    compare_settings(Path(sys.argv[1]), "cache_ab", autotune, settings, BATCHES, seed=seed)

@@ -3,6 +3,7 @@ gemm1, on the same routing and layer, CUDA graphs of 20 launches, medians of thr
 
     STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh                  # unsplit, B = 8-256
     EXP_MODE=decode STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh  # against the op's plan, B = 1-16
+    EXP_MODE=tiles STEPS=exp EXP=bench/exp/gluon_gemm1.py bash bench/device_run.sh   # Gluon tiles, B = 16-256
 
 Unsplit: the Gluon kernel with 0, 1 and 2 quarters of wgmmas in flight against the op's gemm1 with two tiles and a
 program per possible block. Decode: the op's gemm1 with its cached tile and planned grid (K splits or stream-K)
@@ -33,19 +34,15 @@ from sglang_glm5.variants import w4a16, w4a16_gluon
 BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
 
 
-def gluon_call(args, h, top_k, rows, inter, hidden, splits_want, lookahead, blocks):
-    """The Gluon gemm1 with ``lookahead`` quarters in flight, K in at most ``splits_want`` splits: a callable."""
-    splits, per_split = w4a16.k_splits(hidden, w4a16_gluon.TILE.block_k, splits_want)
-    counters = torch.zeros(w4a16_gluon.counters_needed(blocks, inter), dtype=torch.int32, device="cuda")
+def gluon_call(args, h, top_k, rows, inter, hidden, splits_want, lookahead, blocks, tile=w4a16_gluon.TILE):
+    """The Gluon gemm1 with ``tile`` and ``lookahead`` quarters in flight, K in at most ``splits_want`` splits: a
+    callable, and its split count."""
+    splits, per_split = w4a16.k_splits(hidden, tile.block_k, splits_want)
+    counters = torch.zeros(w4a16_gluon.counters_needed(blocks, inter, tile), dtype=torch.int32, device="cuda")
 
     def call():
-        saved = w4a16_gluon.LOOKAHEAD
-        w4a16_gluon.LOOKAHEAD = lookahead
-        try:
-            w4a16_gluon.launch(*args, h, top_k, *rows, splits=splits, k_per_split=per_split, counters=counters,
-                               pdl=False)  # fmt: skip
-        finally:
-            w4a16_gluon.LOOKAHEAD = saved
+        w4a16_gluon.launch(*args, h, top_k, *rows, splits=splits, k_per_split=per_split, counters=counters,
+                           pdl=False, tile=tile, lookahead=lookahead)  # fmt: skip
 
     return call, splits
 
@@ -101,7 +98,7 @@ def unsplit_variants(layout):
     return variants
 
 
-def decode_variants(layout, batch, sms):
+def decode_variants(layout, batch, sms, per_sms=(1, 2, 4, 0)):
     def variants(args, ids, rows, route):
         cfg = dc.cached_config(layout, batch)
         num_pairs = ids.numel()
@@ -115,7 +112,7 @@ def decode_variants(layout, batch, sms):
         expected = w4a16.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
         tiles = triton.cdiv(layout.inter, w4a16_gluon.TILE.block_n)
         bound = route.block_expert.numel()
-        for per_sm in (1, 2, 4, 0):  # the op's split plan aimed at per_sm programs an SM; 0: unsplit
+        for per_sm in per_sms:  # the op's split plan aimed at per_sm programs an SM; 0: unsplit
             tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=per_sm, split_k=0 if per_sm else 1)
             want = w4a16.plan_launch(layout.hidden, tile, tiles, bound, expected, sms).splits
             hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
@@ -127,18 +124,53 @@ def decode_variants(layout, batch, sms):
     return variants
 
 
+# EXP_MODE=tiles: Gluon tiles (label:lookahead) against the op's planned gemm1 at busy decode sizes.
+TILES = ("16x64x256-w4-s3:1", "16x64x256-w4-s4:1", "16x64x256-w4-s3:0", "16x128x128-w4-s4:1", "16x128x128-w4-s3:0",
+         "16x128x128-w4-s4:0", "16x64x128-w4-s4:1")  # fmt: skip
+
+
+def tile_variants(layout, batch, sms):
+    """The op's gemm1 (cached tile, planned grid) and each of ``EXP_TILES`` (default TILES) split by the op's plan
+    for 2 programs per SM (unsplit where the blocks fill the GPU)."""
+    labels = os.environ.get("EXP_TILES", ",".join(TILES)).split(",")
+
+    def variants(args, ids, rows, route):
+        fns = decode_variants(layout, batch, sms, per_sms=())(args, ids, rows, route)
+        num_pairs = ids.numel()
+        expected = w4a16.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
+        bound = route.block_expert.numel()
+        for item in labels:
+            label, _, la = item.partition(":")
+            tile = dataclasses.replace(GemmConfig.from_label(label), programs_per_sm=2)
+            want = w4a16.plan_launch(layout.hidden, tile, triton.cdiv(layout.inter, tile.block_n), bound, expected,
+                                     sms).splits  # fmt: skip
+            hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
+            call, splits = gluon_call(args, hg, ids.shape[1], rows, layout.inter, layout.hidden, want, int(la or 1),
+                                      bound, tile)  # fmt: skip
+            fns[f"g{label.removeprefix('16x')}-la{la}-k{splits}"] = (call, hg)
+        return fns
+
+    return variants
+
+
 def main(out: Path) -> None:
-    decode = os.environ.get("EXP_MODE") == "decode"
-    default = "1,2,4,8,16" if decode else "8,16,32,64,128,256"
+    mode = os.environ.get("EXP_MODE", "unsplit")
+    default = {"decode": "1,2,4,8,16", "tiles": "16,32,64,128,256"}.get(mode, "8,16,32,64,128,256")
     batches = [int(b) for b in os.environ.get("EXP_BATCHES", default).split(",")]
-    gen = dc.generator(101 if decode else 97)
+    gen = dc.generator({"decode": 101, "tiles": 103}.get(mode, 97))
     bw = bench_real.copy_bandwidth()
     sms = w4a16.sm_count(torch.cuda.current_device())
     rows = []
     for name, layout, bundles, batch, inputs in dc.cases(gen, batches):
-        variants = decode_variants(layout, batch, sms) if decode else unsplit_variants(layout)
+        if mode == "decode":
+            variants = decode_variants(layout, batch, sms)
+        elif mode == "tiles":
+            variants = tile_variants(layout, batch, sms)
+        else:
+            variants = unsplit_variants(layout)
         rows.append(time_case(name, layout, bundles[0], batch, inputs, variants, bw))
-    (out / ("gluon_gemm1_decode.json" if decode else "gluon_gemm1.json")).write_text(json.dumps(rows, indent=1) + "\n")
+    name = {"decode": "gluon_gemm1_decode", "tiles": "gluon_gemm1_tiles"}.get(mode, "gluon_gemm1")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ class KernelVariant:
     shared_floor: Callable[[str, GemmConfig], int] | None = None  # lower bound: above it the compiler decides
     compiled_shared_bytes: Callable[[list[tuple[str, GemmConfig]], GpuTarget], list[int | str]] | None = None
     check_config: Callable[[GemmConfig], None] = lambda cfg: None  # ValueError when the kernels cannot run it
-    # (kernel, cfg, shape, bucket, SMs[, targets]) -> the same tile with other K split plans, for the tuner to time
+    # (kernel, cfg, shape, bucket, SMs[, targets][, arch=]) -> the same tile with other K split plans (and other
+    # kernels' forms that run on sm_{arch}), for the tuner to time
     split_candidates: Callable[..., list[GemmConfig]] | None = None
     step_split_targets: tuple[int, ...] = ()  # the split targets ``tune --splits-only`` tries at a decode step
     kernel_bencher: str = ""  # "module:function" (shape, seed) -> autotune.Bench, on the local GPU

@@ -196,7 +196,10 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
-    return max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
+    shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
+    if kernel == "gemm1" and cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
+        shared = max(shared, *(int(w4a16_gluon.aot(arch, splits=n, tile=cfg).metadata.shared) for n in (1, 2)))
+    return shared
 
 
 def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
@@ -205,6 +208,8 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
     from sglang_glm5.aot import source_digest
 
     digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
+    if cfg.gluon:
+        digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon")
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
 
 
@@ -296,6 +301,10 @@ STREAM_PAIRS_PER_EXPERT = 8
 # (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
 # slower at the other sizes measured.
 STREAM_TRIALS = (2, 3)
+# The Gluon gemm1 (``w4a16_gluon``) is a tuner candidate up to this many tokens per expert (GLM-5 B <= 64): kernel
+# alone on the H200, unsplit, it took 0.89x the op's gemm1 at B = 32, 0.96-0.98x at B = 64 and 1.02-1.13x at
+# B = 128-256 (bench/README.md, run 30).
+GLUON_MAX_BUCKET = 2
 
 
 @functools.cache
@@ -396,19 +405,22 @@ def _stream_fits(programs: int, units: int) -> bool:
 
 
 def split_candidates(
-    kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int, targets: tuple[int, ...] = SPLIT_TRIALS
-) -> list[GemmConfig]:
+    kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int, targets: tuple[int, ...] = SPLIT_TRIALS,
+    arch: int | None = None,
+) -> list[GemmConfig]:  # fmt: skip
     """``cfg`` with other plans for its grid, for the tuner to time beside the default plan.
 
     Below one token per expert, other targets for its K split plan (``GemmConfig.programs_per_sm``: ``targets``):
     those that give the bucket's step (``MoeShape.tokens_at``) another split count than the default does, one per
     count. A target, not a fixed count, so that every step of the bucket gets the split its own blocks call for.
-    For gemm1, also the stream-K schedule at each of STREAM_TRIALS programs per SM (``GemmConfig.stream``). Empty
-    when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that walks several N
-    tiles per program (it does not split).
+    For a Triton gemm1, also the stream-K schedule at each of STREAM_TRIALS programs per SM (``GemmConfig.stream``).
+    None of these when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that
+    walks several N tiles per program (it does not split).
+
+    For gemm1 on ``sm_{arch}`` where the Gluon kernel runs (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also
+    its tile (``w4a16_gluon.TILE``) with the default plan and, below one token per expert, with each other split
+    count ``targets`` give and unsplit.
     """
-    if bucket >= 1 or cfg.has_plan:
-        return []
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
     def splits(c: GemmConfig) -> int | None:
@@ -418,17 +430,26 @@ def split_candidates(
             return plan.gemm1.splits
         return plan.gemm2.splits if plan.per_program == 1 else None
 
-    seen = {splits(cfg)}
-    if None in seen:
-        return []
+    def other_plans(tile: GemmConfig, seen: set) -> list[GemmConfig]:
+        out = []
+        for trial in [dataclasses.replace(tile, programs_per_sm=t) for t in targets] + [
+                dataclasses.replace(tile, split_k=1)]:  # fmt: skip
+            if (n := splits(trial)) not in seen:
+                seen.add(n)
+                out.append(trial)
+        return out
+
     out = []
-    for target in targets:
-        trial = dataclasses.replace(cfg, programs_per_sm=target)
-        if (n := splits(trial)) not in seen:
-            seen.add(n)
-            out.append(trial)
-    if kernel == "gemm1":
-        out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
+    if bucket < 1 and not cfg.has_plan and (seen := {splits(cfg)}) != {None}:
+        out = [t for t in other_plans(cfg, seen) if not t.split_k]
+        if kernel == "gemm1" and not cfg.gluon:
+            out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
+    gluon = w4a16_gluon.TILE
+    if kernel == "gemm1" and arch is not None and bucket <= GLUON_MAX_BUCKET and w4a16_gluon.runs_on(arch) and (
+            cfg.without_plan() != gluon):  # fmt: skip
+        out.append(gluon)
+        if bucket < 1:
+            out += other_plans(gluon, {splits(gluon)})
     return out
 
 
@@ -464,11 +485,16 @@ def launch_gemm1(
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1 or a
     stream-K schedule needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
     ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
-    (``routing.uses_pdl``)."""
+    (``routing.uses_pdl``). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
+    per possible block, the launch's splits), else this one."""
     num_pairs, inter = h.shape
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
+    if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg):
+        w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
+                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg)  # fmt: skip
+        return
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
@@ -617,8 +643,8 @@ def launch_gemm2(
 
 def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
-    launch (sort, activation layout, split-K counters), gemm1 (in Gluon where ``w4a16_gluon.applies``), gemm2 and
-    the top-k sum."""
+    launch (sort, activation layout, split-K counters), gemm1 (in Gluon for a config marked so, where it runs), gemm2
+    and the top-k sum."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -631,15 +657,6 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     n_counters = plan.counters
-    gluon = config is None and w4a16_gluon.applies(device, weights.layout, hidden, cfg.gemm1.block_m,
-                                                   num_pairs / num_global)  # fmt: skip
-    if gluon:  # the split plan of its own tile (a program per possible block: the plan's block programs unused)
-        tile = w4a16_gluon.TILE
-        bound = num_blocks_bound(num_pairs, num_experts, tile.block_m)
-        gluon_plan = plan_launch(hidden, tile, triton.cdiv(inter, tile.block_n), bound,
-                                 expected_blocks(num_pairs, num_experts, num_global, tile.block_m), sms)  # fmt: skip
-        if gluon_plan.splits > 1:
-            n_counters = max(n_counters, w4a16_gluon.counters_needed(bound, inter))
     counters = torch.empty(n_counters, dtype=torch.int32, device=device) if n_counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
@@ -653,14 +670,9 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
-    if gluon:
-        w4a16_gluon.launch(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, top_k, gate_row0,
-                           up_row0, splits=gluon_plan.splits, k_per_split=gluon_plan.k_per_split, counters=counters,
-                           pdl=pdl.get("gemm1", False))  # fmt: skip
-    else:
-        launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
-                     up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                     pdl=pdl.get("gemm1", False))  # fmt: skip
+    launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
+                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
+                 pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:

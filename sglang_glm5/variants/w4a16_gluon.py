@@ -1,18 +1,18 @@
-"""The W4A16 family's gemm1 in Gluon on sm_90, at decode sizes: when it applies, and its launch.
+"""The W4A16 family's gemm1 in Gluon on sm_90: where it runs, its candidates for the tuner, its launch.
 
 ``kernels/nvfp4_moe_gluon.py`` is the same gemm1 as the Triton kernel (same decode, dots and K order, the op's K
-splits and its deterministic sum) with the copies, the wgmma waits and the scale reads scheduled by hand. It takes
-one tile (``TILE``), split over K by the op's plan (``w4a16.plan_launch``) for the tile's ``programs_per_sm``. Opt-in
-(``SGLANG_GLM5_GLUON_GEMM1``): it is not in the tuner's search yet, so a call that turns it on skips the cached
-gemm1 tile and split for these sizes. H200, GLM-5, the whole op at real routing, seeds 43 and 67 (bench/README.md,
-run 29; B = 1, 2, 3, 4, 6, 8): EP8 0.84-0.98x, TP8 B = 1-3 0.89-0.93x, B = 8 0.99x, B = 4-6 1.01-1.02x; at B = 12-16
-(above ``MAX_TOKENS_PER_EXPERT``, without PDL) 1.00-1.07x, so it stops there.
+splits and its deterministic sum) with the copies, the wgmma waits and the scale reads scheduled by hand. A gemm1
+config marked ``gluon`` (label suffix ``-gl``) runs it where ``applies`` (``w4a16.launch_gemm1`` decides per launch),
+else the Triton kernel with the same tile and split: the config says what runs, so the tuner, the cache and the op
+agree. The tuner offers ``TILE`` with its split plans at decode buckets on a GPU where it runs (``runs_on``), beside
+the Triton tiles. H200, GLM-5, the whole op at real routing with ``TILE`` at a fixed split rule, seeds 43 and 67
+(bench/README.md, run 29; B = 1, 2, 3, 4, 6, 8): EP8 0.84-0.98x, TP8 B = 1-3 0.89-0.93x, B = 8 0.99x, B = 4-6
+1.01-1.02x; kernel alone unsplit 0.89x the op's gemm1 at B = 32, 1.02-1.13x at B = 128-256 (run 30).
 """
 
 from __future__ import annotations
 
 import functools
-from fractions import Fraction
 
 import torch
 
@@ -21,10 +21,10 @@ from sglang_glm5.hardware import wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig
 
-# programs_per_sm: the K split's aim (1 was better at some steps, worse at others: bench/README.md, run 29)
-TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, programs_per_sm=2)
+# The tile the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x this one's time,
+# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x
+TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
-MAX_TOKENS_PER_EXPERT = Fraction(1, 4)  # GLM-5 B <= 8 tokens a step (top-8 of 256 experts)
 
 
 @functools.cache
@@ -38,65 +38,71 @@ def available() -> bool:
     return True
 
 
-def applies(device: torch.device, layout: str, hidden: int, block_m: int, tokens_per_expert: float) -> bool:
-    """Whether the op's gemm1 runs in Gluon: switched on, a CUDA sm_90 device (not the interpreter), weights in the
-    kernel_wgmma layout, routing blocks of 16 pairs, H a multiple of the tile's K step, at most
-    ``MAX_TOKENS_PER_EXPERT``, and a Triton with Gluon."""
-    if not env.get(env.GLUON_GEMM1):
+def runs_on(arch: int) -> bool:
+    """Whether the kernel can run on ``sm_{arch}`` with this Triton: warpgroup MMA with a register operand (sm_90)
+    and Gluon."""
+    return wgmma_from_registers(arch) and available()
+
+
+def applies(device: torch.device, layout: str, hidden: int, tile: GemmConfig) -> bool:
+    """Whether a gemm1 launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
+    CUDA sm_90 device (not the interpreter), weights in the kernel_wgmma layout, H a multiple of the tile's K step."""
+    if not tile.gluon or not env.get(env.GLUON_GEMM1):
         return False
     if interpreting() or device.type != "cuda":
         return False
-    if layout != "kernel_wgmma" or block_m != TILE.block_m or hidden % TILE.block_k:
-        return False
-    if tokens_per_expert > MAX_TOKENS_PER_EXPERT:
+    if layout != "kernel_wgmma" or hidden % tile.block_k:
         return False
     major, minor = torch.cuda.get_device_capability(device)
-    if not wgmma_from_registers(10 * major + minor):
-        return False
-    return available()
+    return runs_on(10 * major + minor)
 
 
-def counters_needed(num_blocks: int, inter: int) -> int:
+def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int:
     """The zeroed int32 counters a split launch needs: one per (block, N tile)."""
-    return num_blocks * -(-inter // TILE.block_n)
+    return num_blocks * -(-inter // tile.block_n)
 
 
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
-    *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool,
+    *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
+    lookahead: int = LOOKAHEAD,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
-    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split."""
+    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: its
+    block_n, block_k and num_stages (block_m 16, 4 warps); ``lookahead``: quarters of wgmmas left in flight."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
     num_blocks = route.block_expert.numel()
     hidden = x.shape[1]
-    if hidden % TILE.block_k or k_per_split % TILE.block_k or not 0 <= (splits - 1) * k_per_split < hidden <= (
+    if tile.block_m != 16 or tile.num_warps != 4:
+        raise ValueError(f"gluon gemm1: tiles of 16 rows on 4 warps, got {tile.label}")
+    if hidden % tile.block_k or k_per_split % tile.block_k or not 0 <= (splits - 1) * k_per_split < hidden <= (
             splits * k_per_split):  # fmt: skip
         raise ValueError(f"gluon gemm1: {splits} splits of {k_per_split} must cover H = {hidden} in whole K steps of "
-                         f"{TILE.block_k}, none empty")  # fmt: skip
+                         f"{tile.block_k}, none empty")  # fmt: skip
     part = h
     if splits > 1:
-        if counters is None or counters.numel() < counters_needed(num_blocks, inter):
-            raise ValueError(f"counters: a split gluon gemm1 needs {counters_needed(num_blocks, inter)} zeroed int32")
+        if counters is None or counters.numel() < counters_needed(num_blocks, inter, tile):
+            raise ValueError(f"counters: a split gluon gemm1 needs {counters_needed(num_blocks, inter, tile)} zeroed "
+                             "int32")  # fmt: skip
         part = torch.empty((splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element
-    _g.nvfp4_moe_gemm1_gluon_kernel[_g.grid(num_blocks, inter, TILE.block_n, splits)](
+    _g.nvfp4_moe_gemm1_gluon_kernel[_g.grid(num_blocks, inter, tile.block_n, splits)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
         route.used_blocks if counters is None else counters,
         num_pairs, top_k, inter, x.shape[1], k_per_split,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
-        BLOCK_N=TILE.block_n, BLOCK_K=TILE.block_k, STAGES=TILE.num_stages, LOOKAHEAD=LOOKAHEAD, SPLITS=splits,
-        PDL=pdl, num_warps=TILE.num_warps, launch_pdl=pdl,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits,
+        PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
 
 
-def aot_job(arch: int, splits: int, pdl: bool) -> dict:
-    """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): the kernel compiled for ``sm_{arch}``, as
-    its shared bytes and which instructions its PTX holds."""
-    kernel = aot(arch, splits=splits, pdl=pdl)
+def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label) -> dict:
+    """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): the kernel compiled for ``sm_{arch}`` with
+    ``tile`` (a label), as its shared bytes and which instructions its PTX holds."""
+    kernel = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile))
     ptx = kernel.asm["ptx"]
     found = {name: text in ptx for name, text in PTX_MARKS.items()}
     return {"shared": kernel.metadata.shared, **found}
@@ -107,7 +113,7 @@ PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "gr
              "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global"}  # fmt: skip
 
 
-def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False):
+def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD):
     """Triton's ahead-of-time compile of the kernel for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
     process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
     import triton
@@ -117,7 +123,7 @@ def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False):
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     fn = _g.nvfp4_moe_gemm1_gluon_kernel
-    consts = {"BLOCK_N": TILE.block_n, "BLOCK_K": TILE.block_k, "STAGES": TILE.num_stages, "LOOKAHEAD": LOOKAHEAD,
+    consts = {"BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "STAGES": tile.num_stages, "LOOKAHEAD": lookahead,
               "SPLITS": splits, "PDL": pdl}  # fmt: skip
     pointers = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
                 "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32"}  # fmt: skip
@@ -127,4 +133,4 @@ def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False):
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a] != "constexpr" and a not in odd}  # fmt: skip
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": TILE.num_warps})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": tile.num_warps})
