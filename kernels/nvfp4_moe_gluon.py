@@ -40,6 +40,17 @@ from sglang_glm5.kernels.nvfp4_moe import decode_ptx
 _PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
 # A CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7.
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+# One warp group's wgmma on [rows, 16 pairs] accumulators, and its register operand (the decoded weights).
+_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16]))
+_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
+# Copies of the scale codes: 16 bytes (one row's K step) a thread.
+_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
+
+
+@gluon.constexpr_function
+def _copy_layout(qk):
+    """Copies of rows of ``qk`` 16-bit elements: 16 bytes (8 elements) a thread, rows across warps."""
+    return gl.BlockedLayout([1, 8], [32 * 8 // qk, qk // 8], [4, 1], [1, 0])
 
 
 @gluon.jit
@@ -60,26 +71,82 @@ def _griddepcontrol(WAIT: gl.constexpr):
 
 
 @gluon.jit
+def _program_block(block_expert_ptr, PDL: gl.constexpr):
+    """(routing block, N program, the block's expert: -1 = no work) of this program; with PDL after waiting for the
+    launch before it."""
+    if PDL:
+        _griddepcontrol(True)
+    pid_m = gl.program_id(0)
+    return pid_m, gl.program_id(1), gl.load(block_expert_ptr + pid_m)
+
+
+@gluon.jit
+def _operand_scales(s_slot, BLOCK_N: gl.constexpr, QK: gl.constexpr, a_l: gl.constexpr):
+    """The scale code of each packed register of a K step, [BLOCK_N, QK] int32 in the wgmma operand's layout a_l,
+    from a ring slot of [BLOCK_N, QK / 4] codes. Block b of each 16 words is word slots 2b, 2b + 1, 2b + 8, 2b + 9
+    (the kernel_wgmma layout), so the slot read as [BLOCK_N, QK / 16, 4] and broadcast over slot bits 0 and 3 is the
+    tile of codes; the broadcast stays in the registers that hold it (``assert_trivial``)."""
+    shape5: gl.constexpr = [BLOCK_N, QK // 16, 2, 4, 2]
+    zero5 = gl.reshape(gl.zeros([BLOCK_N, QK], gl.int32, layout=a_l), shape5)
+    L5: gl.constexpr = zero5.type.layout
+    S3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, L5))
+    s3 = s_slot.reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
+    return gl.convert_layout(gl.reshape(gl.expand_dims(gl.expand_dims(s3, 2), 4) + zero5, [BLOCK_N, QK]), a_l,
+                             assert_trivial=True)  # fmt: skip
+
+
+@gluon.jit
+def _activation_rings(STAGES: gl.constexpr, QK: gl.constexpr):
+    """The four rings of activation quarters, [STAGES, 16, QK] bf16 each (one allocation per quarter: the compiler
+    then sees that a step's copies do not overlap)."""
+    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, QK], gl.bfloat16)
+    return (gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl))  # fmt: skip
+
+
+@gluon.jit
+def _activation_rows(act_ptr, sorted_ids_ptr, pid_m, num_pairs, rows_per_pair, stride, QK: gl.constexpr):
+    """Row pointers [16] of routing block pid_m's activations (row = pair // rows_per_pair) and the mask [16, QK] of
+    its real pairs: padding is zero-filled, never read (read, every program would load row 0 at once: an L2 hot
+    spot)."""
+    xc_l: gl.constexpr = _copy_layout(QK)
+    cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
+    pair = gl.load(sorted_ids_ptr + pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, xc_l)))
+    rows = act_ptr + gl.where(pair < num_pairs, pair // rows_per_pair, 0).to(gl.int64) * stride
+    return rows, (pair < num_pairs)[:, None] & (cols < QK)[None, :]
+
+
+@gluon.jit
+def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.constexpr):
+    """cp.async of a K step's four activation quarters into ring slot ``slot``: quarter q is columns
+    k0 + 32g + 8q + j of the permuted K order, j < 8 (16 bytes)."""
+    x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, _copy_layout(QK)))
+    pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
+    cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
+    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
+    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16, mask=x_ok)
+    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24, mask=x_ok)
+
+
+@gluon.jit
 def _issue_copies(
     wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed gate, up; their scales; activation quarters
     slot,  # ring slot
     k0,  # the K step's first column
     wg_rows, wu_rows, sg_rows, su_rows,  # [BLOCK_N] row pointers: packed words, scale codes of gate and up
     x_rows,  # [16] activation row pointers
-    w_cols, s_cols, x_cols,  # column offsets of the copies
+    w_cols, s_cols,  # column offsets of the weight and scale copies
     x_ok,  # [16, BLOCK_K / 4] real rows
+    QK: gl.constexpr,  # packed words a row a K step
 ):  # fmt: skip
     """cp.async of K step k0 into ring slot ``slot``."""
     cp.async_copy_global_to_shared(wg_s.index(slot), wg_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(wu_s.index(slot), wu_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(sg_s.index(slot), sg_rows[:, None] + (k0 // 16 + s_cols)[None, :])
     cp.async_copy_global_to_shared(su_s.index(slot), su_rows[:, None] + (k0 // 16 + s_cols)[None, :])
-    # quarter q of the step: columns k0 + 32g + 8q + j of the permuted K order, j < 8: one 16-byte copy
-    pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
-    cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
-    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
-    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16, mask=x_ok)
-    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24, mask=x_ok)
+    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK)
 
 
 @gluon.jit
@@ -137,39 +204,20 @@ def nvfp4_moe_gemm1_gluon_kernel(
     BLOCK_M: gl.constexpr = 16
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    if PDL:
-        _griddepcontrol(True)
-    expert = gl.load(block_expert_ptr + pid_m)
+    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        # copies: 16 bytes a thread (the activations' quarters: 8 columns a row), rows across warps
-        wc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
-        sc_l: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
-        xc_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // QK, QK // 8], [4, 1], [1, 0])
+        mma: gl.constexpr = _MMA
+        a_l: gl.constexpr = _A
+        wc_l: gl.constexpr = _copy_layout(QK)
+        sc_l: gl.constexpr = _SCALE_COPY
         w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
         s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QK], gl.bfloat16)
         wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
         wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
         sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
         su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        x0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
-        x1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
-        x2_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
-        x3_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl)
-
-        # The scale code of each packed register in the operand's layout: block b of each 16 words is word slots
-        # 2b, 2b + 1, 2b + 8, 2b + 9, so the [BLOCK_N, SK] tile read as [BLOCK_N, QK / 16, 4] and broadcast over slot
-        # bits 0 and 3 is the [BLOCK_N, QK] tile of codes. L5: the operand's layout as 5-d.
-        shape5: gl.constexpr = [BLOCK_N, QK // 16, 2, 4, 2]
-        zero5 = gl.reshape(gl.zeros([BLOCK_N, QK], gl.int32, layout=a_l), shape5)
-        L5: gl.constexpr = zero5.type.layout
-        S3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, L5))
+        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, QK)
 
         rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
         rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
@@ -181,10 +229,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
         su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
         w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
         s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-        x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
-        pair = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xc_l)))
-        x_rows = x_ptr + gl.where(pair < num_pairs, pair // top_k, 0).to(gl.int64) * stride_xt
-        x_ok = (pair < num_pairs)[:, None] & (x_cols < QK)[None, :]
+        x_rows, x_ok = _activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, QK)
 
         k_begin = 0
         k_end = hidden_size
@@ -195,7 +240,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
         for i in gl.static_range(STAGES - 1):
             if i < steps:
                 _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
+                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -207,16 +252,12 @@ def nvfp4_moe_gemm1_gluon_kernel(
             nxt = i + STAGES - 1
             if nxt < steps:
                 _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, k_begin + nxt * BLOCK_K,
-                              wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_cols, x_ok)  # fmt: skip
+                              wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
             pg = wg_s.index(slot).load(a_l)
             pu = wu_s.index(slot).load(a_l)
-            sg3 = sg_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
-            su3 = su_s.index(slot).reshape([BLOCK_N, QK // 16, 4]).load(S3).to(gl.int32)
-            sg = gl.convert_layout(gl.reshape(gl.expand_dims(gl.expand_dims(sg3, 2), 4) + zero5, [BLOCK_N, QK]), a_l,
-                                   assert_trivial=True)  # fmt: skip
-            su = gl.convert_layout(gl.reshape(gl.expand_dims(gl.expand_dims(su3, 2), 4) + zero5, [BLOCK_N, QK]), a_l,
-                                   assert_trivial=True)  # fmt: skip
+            sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+            su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
             acc_g, acc_u = _quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
             acc_g, acc_u = _quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
             acc_g, acc_u = _quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
@@ -251,6 +292,136 @@ def nvfp4_moe_gemm1_gluon_kernel(
             _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
 
 
-def grid(num_blocks: int, inter: int, block_n: int, splits: int) -> tuple[int, int, int]:
-    """The launch grid: a program per possible block, N tile and K split."""
-    return num_blocks, triton.cdiv(inter, block_n), splits
+@gluon.jit
+def _issue_copies2(
+    w_s, s_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed words, scale codes, activation quarters
+    slot,  # ring slot
+    step,  # the program's (N tile, K step) step: tile pid_n + (step // k_steps) * programs
+    pid_n, programs, k_steps, k_begin,
+    w_base, s_base,  # the expert's first packed word and scale code
+    stride_wn, stride_sn, hidden_size,
+    x_rows, x_ok,  # [16] activation row pointers, [16, BLOCK_K / 4] real rows
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+):  # fmt: skip
+    """cp.async of one step of gemm2 into ring slot ``slot``."""
+    QK: gl.constexpr = BLOCK_K // 4
+    SK: gl.constexpr = BLOCK_K // 16
+    wc_l: gl.constexpr = _copy_layout(QK)
+    sc_l: gl.constexpr = _SCALE_COPY
+    tile = pid_n + (step // k_steps) * programs
+    k0 = k_begin + (step % k_steps) * BLOCK_K
+    rows_w = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
+    rows_w = gl.where(rows_w < hidden_size, rows_w, 0).to(gl.int64)
+    rows_s = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
+    rows_s = gl.where(rows_s < hidden_size, rows_s, 0).to(gl.int64)
+    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+    w_rows = w_base + rows_w * stride_wn
+    s_rows = s_base + rows_s * stride_sn
+    cp.async_copy_global_to_shared(w_s.index(slot), w_rows[:, None] + (k0 // 4 + w_cols)[None, :])
+    cp.async_copy_global_to_shared(s_s.index(slot), s_rows[:, None] + (k0 // 16 + s_cols)[None, :])
+    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK)
+
+
+@gluon.jit
+def _quarter2(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+    """Quarter Q of a gemm2 K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in flight."""
+    a = _decode(pw, sw, Q)
+    acc = warpgroup_mma(a, xq, acc, is_async=True)
+    acc, a = warpgroup_mma_wait(num_outstanding=LOOKAHEAD, deps=(acc, a))
+    return acc
+
+
+@gluon.jit
+def nvfp4_moe_gemm2_gluon_kernel(
+    h_ptr,  # [P, I] bf16 from gemm1 (the kernel_wgmma K order)
+    w_ptr,  # [E, H, I/4] int16, packed codes (kernel_wgmma layout)
+    ws_ptr,  # [E, H, I/16] uint8 scale codes
+    wgs_ptr,  # [E] fp32 global scales
+    topk_weights_ptr,  # [P] fp32, flattened [T, k]
+    sorted_ids_ptr,  # [blocks * 16] int32 pair ids, >= P = padding
+    block_expert_ptr,  # [blocks] int32 expert of each block, -1 = no work
+    y_ptr,  # [P, H] out (the hidden states' dtype); with SPLITS > 1 [SPLITS, P, H] fp32 partials
+    num_pairs,  # P
+    hidden_size,  # H (this GEMM's N)
+    inter_size,  # I (its K), a multiple of BLOCK_K
+    k_per_split,  # K columns per split, a multiple of BLOCK_K (SPLITS > 1)
+    stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
+    BLOCK_N: gl.constexpr,  # weight rows (output columns) a tile
+    BLOCK_K: gl.constexpr,
+    STAGES: gl.constexpr,  # copy ring depth
+    LOOKAHEAD: gl.constexpr,  # quarters of wgmmas left in flight while the next is decoded
+    SPLITS: gl.constexpr,  # grid axis 2 splits K (one N tile a program); the top-k sum adds the partials in order
+    PDL: gl.constexpr,  # programmatic dependent launch
+):  # fmt: skip
+    """Grid (blocks, N programs, SPLITS), 4 warps. Program n computes N tiles n, n + programs, ... in one pipelined
+    loop over (tile, K step) steps (TP8's I = 256 is one K step: the next tile's copies overlap this one's decode);
+    y = W2[e] h * global scale * 2^7 * top-k weight, as ``nvfp4_moe.nvfp4_moe_gemm2_kernel`` computes it."""
+    BLOCK_M: gl.constexpr = 16
+    QK: gl.constexpr = BLOCK_K // 4
+    SK: gl.constexpr = BLOCK_K // 16
+    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
+    if expert >= 0:
+        e64 = expert.to(gl.int64)
+        mma: gl.constexpr = _MMA
+        a_l: gl.constexpr = _A
+        w_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
+        s_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, QK)
+        w_base = w_ptr + e64 * stride_we
+        s_base = ws_ptr + e64 * stride_se
+        x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, QK)
+
+        k_begin = 0
+        k_end = inter_size
+        if SPLITS > 1:
+            k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
+            k_end = gl.minimum(k_begin + k_per_split, inter_size)
+            y_ptr += gl.program_id(2).to(gl.int64) * num_pairs * stride_yt
+        k_steps = gl.cdiv(k_end - k_begin, BLOCK_K)
+        programs = gl.num_programs(1)
+        steps = gl.cdiv(gl.cdiv(hidden_size, BLOCK_N) - pid_n, programs) * k_steps
+        for i in gl.static_range(STAGES - 1):
+            if i < steps:
+                _issue_copies2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, i, pid_n, programs, k_steps, k_begin, w_base,
+                               s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N, BLOCK_K)  # fmt: skip
+            cp.commit_group()
+
+        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+        pair_ok = pair_o < num_pairs
+        pair_safe = gl.where(pair_ok, pair_o, 0).to(gl.int64)
+        # DECODE_UNSCALE = 2^7
+        scale = gl.load(wgs_ptr + e64) * 128.0 * gl.load(topk_weights_ptr + pair_safe, mask=pair_ok, other=0.0)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        for i in range(steps):
+            slot = i % STAGES
+            cp.wait_group(STAGES - 2)
+            _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            nxt = i + STAGES - 1
+            if nxt < steps:
+                _issue_copies2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt, pid_n, programs, k_steps,
+                               k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N,
+                               BLOCK_K)  # fmt: skip
+            cp.commit_group()
+            pw = w_s.index(slot).load(a_l)
+            sw = _operand_scales(s_s.index(slot), BLOCK_N, QK, a_l)
+            acc = _quarter2(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
+            acc = _quarter2(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
+            acc = _quarter2(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
+            acc = _quarter2(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
+                n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+                y = (acc * scale[None, :]).to(y_ptr.dtype.element_ty)
+                gl.store(y_ptr + pair_safe[None, :] * stride_yt + n[:, None], y,
+                         mask=pair_ok[None, :] & (n < hidden_size)[:, None])  # fmt: skip
+                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        cp.wait_group(0)
+        if PDL:
+            _griddepcontrol(False)
+
+
+def grid(num_blocks: int, n_size: int, block_n: int, splits: int, per_program: int = 1) -> tuple[int, int, int]:
+    """The launch grid: a program per possible block, N tile (or group of ``per_program`` tiles) and K split."""
+    return num_blocks, triton.cdiv(triton.cdiv(n_size, block_n), per_program), splits

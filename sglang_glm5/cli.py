@@ -7,6 +7,7 @@ Each command lives in a module that exposes ``add_cli(subparsers)``; that module
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -153,6 +154,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     variant = variants.get(args.path)
     if not variant.kernels:
         raise ValueError(f"--path {args.path}: {variant.title} has no tiles to tune")
+    if args.kernels:
+        wanted = tuple(k for k in args.kernels.split(",") if k)
+        if not wanted or set(wanted) - set(variant.kernels):
+            raise ValueError(f"--kernels: expected some of {','.join(variant.kernels)}, got {args.kernels!r}")
+        variant = dataclasses.replace(variant, kernels=tuple(k for k in variant.kernels if k in wanted))
     if args.batch_sizes:  # entries are stored and read under power-of-two buckets and decode steps only
         asked, args.batch_sizes = args.batch_sizes, autotune.tune_buckets(args.batch_sizes)
         if asked != args.batch_sizes:
@@ -298,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
         "third of a full search's timings, for decode steps such as --batch-sizes 2/32,3/32,...,16/32. "
         "A power-of-two step (1/32, 1/16, ...) is its bucket: its entry is replaced. A batch size where the plan has "
         "no other split count and no other plan beats the default gets no entry",
+    )  # fmt: skip
+    p.add_argument(
+        "--kernels", default=None,
+        help="comma-separated GEMMs to tune (default: all of the path's, W4A16 gemm1,gemm2); the others' entries stay",
     )  # fmt: skip
     p.add_argument(
         "--no-survey", action="store_true",

@@ -31,8 +31,8 @@ class GemmConfig:
     split_k: int = 0  # K splits: 0 = as many as the call needs to fill the GPU (variants.w4a16), else this many
     programs_per_sm: int = 0  # with split_k 0: what the call's split plan aims for; 0 = the family's default
     stream: int = 0  # gemm1 of variants.w4a16 only (other kernels ignore it): > 0 = a stream-K schedule, per SM
-    # gemm1 of variants.w4a16 only: the Gluon kernel where it runs (variants/w4a16_gluon.py: sm_90), else the Triton
-    # one with the same tile and plan
+    # variants.w4a16 only: the Gluon kernel where it runs (variants/w4a16_gluon.py: sm_90), else the Triton one with
+    # the same tile and plan
     gluon: bool = False
 
     def __post_init__(self) -> None:
@@ -62,7 +62,7 @@ class GemmConfig:
         if self.stream and (self.split_k or self.programs_per_sm):
             raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
         if self.gluon and (self.stream or self.block_m != 16 or self.num_warps != 4):
-            raise ValueError(f"GemmConfig: the Gluon gemm1 takes 16 rows, 4 warps and no stream-K schedule, got {self}")
+            raise ValueError(f"GemmConfig: the Gluon kernels take 16 rows, 4 warps, no stream-K schedule, got {self}")
 
     @property
     def has_plan(self) -> bool:

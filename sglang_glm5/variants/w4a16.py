@@ -197,8 +197,9 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
     shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
-    if kernel == "gemm1" and cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
-        shared = max(shared, *(int(w4a16_gluon.aot(arch, splits=n, tile=cfg).metadata.shared) for n in (1, 2)))
+    if cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
+        gluon = (w4a16_gluon.aot(arch, splits=n, tile=cfg, kernel=kernel).metadata.shared for n in (1, 2))
+        shared = max(shared, *map(int, gluon))
     return shared
 
 
@@ -301,9 +302,9 @@ STREAM_PAIRS_PER_EXPERT = 8
 # (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
 # slower at the other sizes measured.
 STREAM_TRIALS = (2, 3)
-# The Gluon gemm1 (``w4a16_gluon``) is a tuner candidate up to this many tokens per expert (GLM-5 B <= 64): kernel
-# alone on the H200, unsplit, it took 0.89x the op's gemm1 at B = 32, 0.96-0.98x at B = 64 and 1.02-1.13x at
-# B = 128-256 (bench/README.md, run 30).
+# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 64): kernel
+# alone on the H200, unsplit, the Gluon gemm1 took 0.89x the op's gemm1 at B = 32, 0.96-0.98x at B = 64 and
+# 1.02-1.13x at B = 128-256 (bench/README.md, run 30).
 GLUON_MAX_BUCKET = 2
 
 
@@ -417,9 +418,9 @@ def split_candidates(
     None of these when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that
     walks several N tiles per program (it does not split).
 
-    For gemm1 on ``sm_{arch}`` where the Gluon kernel runs (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also
-    its tile (``w4a16_gluon.TILE``) with the default plan and, below one token per expert, with each other split
-    count ``targets`` give and unsplit.
+    On ``sm_{arch}`` where the Gluon kernels run (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also their tiles
+    (``w4a16_gluon.TILES``) with the default plan and, below one token per expert where the GEMM splits, with each
+    other split count ``targets`` give and unsplit.
     """
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
@@ -444,12 +445,13 @@ def split_candidates(
         out = [t for t in other_plans(cfg, seen) if not t.split_k]
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
-    gluon = w4a16_gluon.TILE
-    if kernel == "gemm1" and arch is not None and bucket <= GLUON_MAX_BUCKET and w4a16_gluon.runs_on(arch) and (
-            cfg.without_plan() != gluon):  # fmt: skip
-        out.append(gluon)
-        if bucket < 1:
-            out += other_plans(gluon, {splits(gluon)})
+    if arch is None or bucket > GLUON_MAX_BUCKET or not w4a16_gluon.runs_on(arch):
+        return out
+    for tile in w4a16_gluon.TILES[kernel]:
+        if cfg.without_plan() != tile:
+            out.append(tile)
+            if bucket < 1 and (n := splits(tile)) is not None:
+                out += other_plans(tile, {n})
     return out
 
 
@@ -582,7 +584,8 @@ def launch_gemm2(
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
-    ``launch_gemm1``."""
+    ``launch_gemm1``. A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per
+    possible block, the launch's splits and N tiles per program), else this one."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg)
@@ -601,6 +604,11 @@ def launch_gemm2(
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
+    if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg):
+        w4a16_gluon.launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, splits=launch.splits,
+                                 k_per_split=launch.k_per_split, per_program=per_program, pdl=pdl,
+                                 tile=cfg)  # fmt: skip
+        return
     groups = triton.cdiv(tiles, per_program)
     grid = _grid(launch, groups)
     _k.nvfp4_moe_gemm2_kernel[grid](

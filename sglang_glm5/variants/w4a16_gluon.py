@@ -24,6 +24,12 @@ from sglang_glm5.tiles import GemmConfig
 # The tile the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x this one's time,
 # 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
+# gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
+# 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
+GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
+# The tiles the tuner offers per GEMM. The Gluon gemm2 compiles (CI) but has not run on a GPU yet: it joins (with
+# GEMM2_TILE and TILE) once its GPU tests (tests/test_gluon.py) have passed on one.
+TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE,), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 
 
@@ -44,14 +50,15 @@ def runs_on(arch: int) -> bool:
     return wgmma_from_registers(arch) and available()
 
 
-def applies(device: torch.device, layout: str, hidden: int, tile: GemmConfig) -> bool:
-    """Whether a gemm1 launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
-    CUDA sm_90 device (not the interpreter), weights in the kernel_wgmma layout, H a multiple of the tile's K step."""
+def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig) -> bool:
+    """Whether a GEMM launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
+    CUDA sm_90 device (not the interpreter), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a
+    multiple of the tile's K step."""
     if not tile.gluon or not env.get(env.GLUON_GEMM1):
         return False
     if interpreting() or device.type != "cuda":
         return False
-    if layout != "kernel_wgmma" or hidden % tile.block_k:
+    if layout != "kernel_wgmma" or k_size % tile.block_k:
         return False
     major, minor = torch.cuda.get_device_capability(device)
     return runs_on(10 * major + minor)
@@ -75,12 +82,7 @@ def launch(
     num_pairs, inter = h.shape
     num_blocks = route.block_expert.numel()
     hidden = x.shape[1]
-    if tile.block_m != 16 or tile.num_warps != 4:
-        raise ValueError(f"gluon gemm1: tiles of 16 rows on 4 warps, got {tile.label}")
-    if hidden % tile.block_k or k_per_split % tile.block_k or not 0 <= (splits - 1) * k_per_split < hidden <= (
-            splits * k_per_split):  # fmt: skip
-        raise ValueError(f"gluon gemm1: {splits} splits of {k_per_split} must cover H = {hidden} in whole K steps of "
-                         f"{tile.block_k}, none empty")  # fmt: skip
+    _check_tile(tile, hidden, splits, k_per_split, "gemm1", "H")
     part = h
     if splits > 1:
         if counters is None or counters.numel() < counters_needed(num_blocks, inter, tile):
@@ -99,22 +101,63 @@ def launch(
     )  # fmt: skip
 
 
-def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label) -> dict:
-    """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): the kernel compiled for ``sm_{arch}`` with
+def launch_gemm2(
+    h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y,
+    *, splits: int, k_per_split: int, per_program: int, pdl: bool, tile: GemmConfig, lookahead: int = LOOKAHEAD,
+):  # fmt: skip
+    """gemm2 into y (the arguments of ``w4a16.launch_gemm2``): [P, H], or with ``splits`` > 1 the fp32 partials
+    [splits, P, H] that the top-k sum adds; ``per_program`` N tiles a program (one when split)."""
+    from sglang_glm5.kernels import nvfp4_moe_gluon as _g
+
+    num_pairs, inter = h.shape
+    hidden = y.shape[-1]
+    _check_tile(tile, inter, splits, k_per_split, "gemm2", "I")
+    if splits > 1 and per_program != 1:
+        raise ValueError(f"gluon gemm2: a split K ({splits}) needs one N tile per program, got {per_program}")
+    w2 = w2.view(torch.int16)
+    _g.nvfp4_moe_gemm2_gluon_kernel[_g.grid(route.block_expert.numel(), hidden, tile.block_n, splits, per_program)](
+        h, w2, w2_scale.view(torch.uint8), gs2, topk_weights_flat, route.sorted_ids, route.block_expert, y,
+        num_pairs, hidden, inter, k_per_split,
+        h.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1), y.stride(-2),
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits,
+        PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+    )  # fmt: skip
+
+
+def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, kernel: str, k_name: str) -> None:
+    if tile.block_m != 16 or tile.num_warps != 4:
+        raise ValueError(f"gluon {kernel}: tiles of 16 rows on 4 warps, got {tile.label}")
+    if k_size % tile.block_k or k_per_split % tile.block_k or not 0 <= (splits - 1) * k_per_split < k_size <= (
+            splits * k_per_split):  # fmt: skip
+        raise ValueError(f"gluon {kernel}: {splits} splits of {k_per_split} must cover {k_name} = {k_size} in whole K "
+                         f"steps of {tile.block_k}, none empty")  # fmt: skip
+
+
+def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: str = "gemm1") -> dict:
+    """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): ``kernel`` compiled for ``sm_{arch}`` with
     ``tile`` (a label), as its shared bytes and which instructions its PTX holds."""
-    kernel = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile))
-    ptx = kernel.asm["ptx"]
+    compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel)
+    ptx = compiled.asm["ptx"]
     found = {name: text in ptx for name, text in PTX_MARKS.items()}
-    return {"shared": kernel.metadata.shared, **found}
+    return {"shared": compiled.metadata.shared, **found}
 
 
 # What ``aot_job`` looks for in the PTX.
 PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "griddepcontrol.wait",
              "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global"}  # fmt: skip
+# Pointer arguments of the two kernels and their element types; every other non-constexpr argument is an i32.
+_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+             "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32",
+             "topk_weights_ptr": "*fp32", "y_ptr": "*bf16"}  # fmt: skip
+# As in a real launch on GLM-5 shapes: pointers and sizes multiples of 16, except counts and row offsets.
+_NOT_DIVISIBLE = {"num_pairs", "top_k", "stride_gse", "stride_gsg", "gate_row0", "up_row0"}
 
 
-def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD):
-    """Triton's ahead-of-time compile of the kernel for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
+def aot(
+    arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD,
+    kernel: str = "gemm1",
+):  # fmt: skip
+    """Triton's ahead-of-time compile of ``kernel`` for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
     process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -122,15 +165,12 @@ def aot(arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig 
 
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
-    fn = _g.nvfp4_moe_gemm1_gluon_kernel
+    fn = {"gemm1": _g.nvfp4_moe_gemm1_gluon_kernel, "gemm2": _g.nvfp4_moe_gemm2_gluon_kernel}[kernel]
     consts = {"BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "STAGES": tile.num_stages, "LOOKAHEAD": lookahead,
               "SPLITS": splits, "PDL": pdl}  # fmt: skip
-    pointers = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
-                "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32"}  # fmt: skip
+    pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
-    # as in a real launch on GLM-5 shapes: pointers and sizes multiples of 16, except counts and row offsets
-    odd = {"num_pairs", "top_k", "stride_gse", "stride_gsg", "gate_row0", "up_row0"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-             if sig[a] != "constexpr" and a not in odd}  # fmt: skip
+             if sig[a] != "constexpr" and a not in _NOT_DIVISIBLE}  # fmt: skip
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": tile.num_warps})

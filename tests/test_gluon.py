@@ -1,7 +1,7 @@
-"""The Gluon form of gemm1 on sm_90 (``variants/w4a16_gluon.py``, ``kernels/nvfp4_moe_gluon.py``): where a config
-marked Gluon runs it, what the tuner offers, that it compiles for sm_90 ahead of time (CI, no GPU), that elsewhere the
-Triton kernel runs the same config, and on a GPU that the op with it matches the float64 reference, repeats bit for
-bit, and stays right when a CUDA graph replays other routings."""
+"""The Gluon forms of the W4A16 GEMMs on sm_90 (``variants/w4a16_gluon.py``, ``kernels/nvfp4_moe_gluon.py``): where a
+config marked Gluon runs them, what the tuner offers, that they compile for sm_90 ahead of time (CI, no GPU), that
+elsewhere the Triton kernels run the same config, and on a GPU that the op with them matches the float64 reference,
+gives the Triton kernels' bits, repeats bit for bit, and stays right when a CUDA graph replays other routings."""
 
 from __future__ import annotations
 
@@ -26,15 +26,17 @@ needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Trito
 @needs_gluon
 def test_compiles_for_sm90_with_async_wgmma():
     # In worker processes (sglang_glm5.aot): kernels imported under the interpreter do not compile reliably.
-    forms = [(1, False), (4, True)]
-    results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", [[90, s, p] for s, p in forms])
+    forms = [("gemm1", 1, False), ("gemm1", 4, True), ("gemm2", 1, True), ("gemm2", 3, False)]
+    tiles = {"gemm1": w4a16_gluon.TILE.label, "gemm2": w4a16_gluon.GEMM2_TILE.label}
+    jobs = [[90, s, p, tiles[k], k] for k, s, p in forms]
+    results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
     limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
-    for (splits, pdl), got in zip(forms, results, strict=True):
+    for (kernel, splits, pdl), got in zip(forms, results, strict=True):
         assert isinstance(got, dict), got
         assert 0 < got["shared"] <= limit
         assert got["wgmma"] and got["cp_async"]
         assert got["gdc_wait"] is pdl and got["gdc_launch"] is pdl
-        assert got["atomic"] is (splits > 1), "the split's counter, and only there"
+        assert got["atomic"] is (kernel == "gemm1" and splits > 1), "gemm1's split counter, and only there"
 
 
 def test_label_says_gluon_and_round_trips():
@@ -50,7 +52,7 @@ def test_label_says_gluon_and_round_trips():
 
 def test_applies_only_where_it_runs(monkeypatch):
     cuda = torch.device("cuda")
-    ok = {"layout": "kernel_wgmma", "hidden": 6144, "tile": w4a16_gluon.TILE}
+    ok = {"layout": "kernel_wgmma", "k_size": 6144, "tile": w4a16_gluon.TILE}
 
     def applies(device=cuda, **changes):
         return w4a16_gluon.applies(device, **{**ok, **changes})
@@ -66,7 +68,7 @@ def test_applies_only_where_it_runs(monkeypatch):
     monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "1")
     assert not applies(torch.device("cpu"))
     assert not applies(layout="kernel"), "the wgmma operand layout only"
-    assert not applies(hidden=6144 + 64), "whole K steps of 256"
+    assert not applies(k_size=6144 + 64), "whole K steps of 256"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
     assert not applies(), "SM120 has no wgmma"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -89,39 +91,42 @@ OFFERS = [
 
 
 @pytest.mark.parametrize("bucket,offered,split", OFFERS, ids=lambda v: str(v))
-def test_tuner_offers_the_gluon_tile_at_decode_buckets(bucket, offered, split, monkeypatch):
+def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, monkeypatch):
     monkeypatch.setattr(w4a16_gluon, "available", lambda: True)
     triton_tile = GemmConfig(16, 128, 256, 4, 3)
-    found = w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
-    gluon = [c for c in found if c.gluon]
-    assert bool(gluon) is offered
-    assert all(c.without_plan() == w4a16_gluon.TILE and not c.stream for c in gluon)
-    if offered:
-        assert w4a16_gluon.TILE in gluon, "with the default plan"
-        assert (len(gluon) > 1) is split
-        num_pairs = EP8.tokens_at(bucket) * EP8.top_k
-        splits = [w4a16.plan_gemms(MoeConfig(c, c), num_pairs, 32, 256, 6144, 2048, H200).gemm1.splits for c in gluon]
-        assert len(set(splits)) == len(splits), "one trial per split count"
-    without = w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS)
-    assert [c for c in found if not c.gluon] == without, "the Triton trials as without Gluon"
-    assert not [c for c in w4a16.split_candidates("gemm1", triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
-    assert not [c for c in w4a16.split_candidates("gemm2", triton_tile, EP8, bucket, H200, arch=90) if c.gluon]
+    num_pairs = EP8.tokens_at(bucket) * EP8.top_k
+    for kernel in ("gemm1", "gemm2"):
+        found = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
+        gluon = [c for c in found if c.gluon]
+        assert bool(gluon) is (offered and bool(w4a16_gluon.TILES[kernel])), "its tiles, up to GLUON_MAX_BUCKET"
+        assert all(not c.stream for c in gluon)
+        if gluon:
+            assert set(w4a16_gluon.TILES[kernel]) <= set(gluon), "each tile with the default plan"
+            assert {c.without_plan() for c in gluon} == set(w4a16_gluon.TILES[kernel])
+            assert (len(gluon) > len(w4a16_gluon.TILES[kernel])) is split
+            for tile in w4a16_gluon.TILES[kernel]:
+                plans = [w4a16.plan_gemms(MoeConfig(c, c), num_pairs, 32, 256, 6144, 2048, H200) for c in gluon
+                         if c.without_plan() == tile]  # fmt: skip
+                counts = [p.gemm1.splits if kernel == "gemm1" else p.gemm2.splits for p in plans]
+                assert len(set(counts)) == len(counts), "one trial per split count"
+        without = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS)
+        assert [c for c in found if not c.gluon] == without, "the Triton trials as without Gluon"
+        assert not [c for c in w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
 
 
 def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device):
-    # The interpreter (CI) and every GPU but sm_90 run a config marked Gluon as the Triton kernel: the same bits as
-    # the same tile unmarked.
+    # The interpreter (CI) and every GPU but sm_90 run a config marked Gluon as the Triton kernels: the same bits as
+    # the same tiles unmarked.
     if device.type == "cuda":
         pytest.skip("the fallback is what the interpreter runs")
     layer = random_layer(8, 512, 128, gen)
     bundle = Nvfp4MoeWeights.build(*layer.args()).for_device()
     x = torch.randn(3, 512, generator=gen).bfloat16()
     weights, ids = random_routing(3, 8, 4, gen)
-    gemm2 = w4a16.heuristic_config(0.1).gemm2
     tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=1)
-    got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(tile, gemm2), num_global_experts=64)
-    want = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(dataclasses.replace(tile, gluon=False), gemm2),
-                         num_global_experts=64)  # fmt: skip
+    plain = dataclasses.replace(tile, gluon=False)
+    got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(tile, tile), num_global_experts=64)
+    want = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(plain, plain), num_global_experts=64)
     assert torch.equal(got, want)
 
 
@@ -135,9 +140,10 @@ def _gpu_case(device: torch.device, monkeypatch) -> None:
 
 
 def _config(per_sm: int) -> MoeConfig:
-    """The Gluon tile split for ``per_sm`` programs an SM (0: unsplit), with the heuristic's gemm2."""
-    tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=per_sm, split_k=0 if per_sm else 1)
-    return MoeConfig(tile, w4a16.heuristic_config(0.1).gemm2)
+    """The Gluon tiles (gemm2's larger) split for ``per_sm`` programs an SM (0: unsplit)."""
+    plan = {"programs_per_sm": per_sm, "split_k": 0 if per_sm else 1}
+    gemm1, gemm2 = w4a16_gluon.TILE, w4a16_gluon.GEMM2_TILE
+    return MoeConfig(dataclasses.replace(gemm1, **plan), dataclasses.replace(gemm2, **plan))
 
 
 def _ids(num_tokens: int, top_k: int, experts: torch.Tensor, gen: torch.Generator, idle: int = 0) -> torch.Tensor:
@@ -172,14 +178,17 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
     args = (x.to(device), bundle, weights.to(device), ids.to(device))
     kw = {"check_ids": False, "num_global_experts": 64, "config": _config(per_sm)}
     calls = []
-    launch = w4a16_gluon.launch
-    monkeypatch.setattr(w4a16_gluon, "launch", lambda *a, **k: calls.append(k["splits"]) or launch(*a, **k))
+    for name in ("launch", "launch_gemm2"):
+        launch = getattr(w4a16_gluon, name)
+        monkeypatch.setattr(w4a16_gluon, name, lambda *a, _f=launch, _n=name, **k: calls.append((_n, k["splits"]))
+                            or _f(*a, **k))  # fmt: skip
     out = moe.fused_moe(*args, **kw)
-    assert calls and (calls[0] > 1) is (per_sm > 0), "the op must have taken the Gluon gemm1, split as asked"
+    assert [n for n, _ in calls] == ["launch", "launch_gemm2"], "the op must have taken both Gluon GEMMs"
+    assert (calls[0][1] > 1) is (per_sm > 0), "gemm1 split as asked"
     monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "0")
     calls.clear()
     off = moe.fused_moe(*args, **kw)
-    assert not calls and _rel(off, want) < 1e-2, "switched off, the Triton kernel runs the same config"
+    assert not calls and _rel(off, want) < 1e-2, "switched off, the Triton kernels run the same config"
     monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1")
     assert torch.isfinite(out).all()
     assert _rel(out, want) < 1e-2
@@ -213,6 +222,34 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, mo
                        counters=counters, pdl=False)  # fmt: skip
     valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
     assert torch.equal(h_gluon[valid], h_triton[valid])
+
+
+# (I, K splits, N tiles per program): EP8-like split and unsplit, and TP8's I = 256 with several tiles a program
+GEMM2_CASES = [(512, 1, 1), (512, 2, 1), (256, 1, 4)]
+
+
+@pytest.mark.parametrize("inter,splits,per_program", GEMM2_CASES, ids=lambda v: str(v))
+def test_gemm2_gives_the_triton_bits_with_the_same_grid(inter, splits, per_program, gen, device, monkeypatch):
+    _gpu_case(device, monkeypatch)
+    layer = random_layer(8, 768, inter, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    ids = _ids(3, 4, torch.randperm(8, generator=gen)[:3].to(torch.int32), gen).to(device)
+    weights, _ = random_routing(3, 8, 4, gen)
+    route = routing.route_pairs(ids, 8, 16)
+    h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
+    tile = w4a16_gluon.GEMM2_TILE
+    launch = w4a16.Launch(route.block_expert.numel(), *w4a16.k_splits(inter, 256, splits))
+    shape = (splits, ids.numel(), 768) if splits > 1 else (ids.numel(), 768)
+    dtype = torch.float32 if splits > 1 else torch.bfloat16
+    args = (h, bundle.w2, bundle.w2_scale, bundle.w2_scale_2, weights.reshape(-1).to(device), route)
+    ys = []
+    for cfg in (dataclasses.replace(tile, gluon=False), tile):
+        y = torch.zeros(shape, dtype=dtype, device=device)
+        w4a16.launch_gemm2(*args, y, cfg, False, per_program, launch=launch, layout=bundle.layout)
+        ys.append(y)
+    valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
+    assert ys[0].abs().amax() > 0
+    assert torch.equal(ys[1][..., valid, :], ys[0][..., valid, :])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
