@@ -612,12 +612,12 @@ def _tune_split(
                                  trials]), timed, report, say, key) or failure  # fmt: skip
     if not timed:
         raise RuntimeError(f"{key}: {tile.label} did not run with any split plan; last error {failure}")
-    ms, cfg, _ = min(timed, key=lambda t: t[0])
+    ms, cfg, shared = min(timed, key=lambda t: t[0])  # a trial's own shared bytes (another tile's may differ)
     if default and ms > default[0] * (1 - SPLIT_MARGIN):
         if not any(c.split_k or c.programs_per_sm for c in trials):  # only other schedules tried, none better
             say(f"{key}: {tile.label}: no other plan beats the default here (no entry)")
             return None
-        ms, cfg, _ = default  # within the timing spread: the plan's own split stays
+        ms, cfg, shared = default  # within the timing spread: the plan's own split stays
     return Entry(cfg, shared, ms, triton.__version__)
 
 
@@ -628,11 +628,15 @@ def _with_shared(
     of the same tile takes its shared memory; another (the Gluon gemm1's tile) is checked on its own, and dropped if
     it does not fit."""
     out: dict[GemmConfig, int] = {}
+    fits: dict[GemmConfig, int | None] = {}  # per tile: a plan changes no shared memory
     for trial, tile, shared in trials:
-        if trial not in out:
-            fit = shared if trial.without_plan() == tile.without_plan() else v.fits(kernel, trial, target)
-            if fit is not None:
-                out[trial] = fit
+        bare = trial.without_plan()
+        if bare == tile.without_plan():
+            fits[bare] = shared
+        elif bare not in fits:
+            fits[bare] = v.fits(kernel, bare, target)
+        if trial not in out and fits[bare] is not None:
+            out[trial] = fits[bare]
     return list(out.items())
 
 

@@ -155,6 +155,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not variant.kernels:
         raise ValueError(f"--path {args.path}: {variant.title} has no tiles to tune")
     if args.kernels:
+        if variant.after_tune:
+            raise ValueError(f"--kernels: --path {args.path} tunes its GEMMs together (its threshold needs both)")
         wanted = tuple(k for k in args.kernels.split(",") if k)
         if not wanted or set(wanted) - set(variant.kernels):
             raise ValueError(f"--kernels: expected some of {','.join(variant.kernels)}, got {args.kernels!r}")
@@ -307,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--kernels", default=None,
-        help="comma-separated GEMMs to tune (default: all of the path's, W4A16 gemm1,gemm2); the others' entries stay",
+        help="comma-separated GEMMs to tune (default: all of the path's; W4A16 only: gemm1, gemm2); the entries of "
+        "the others stay",
     )  # fmt: skip
     p.add_argument(
         "--no-survey", action="store_true",

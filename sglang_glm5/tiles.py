@@ -61,8 +61,12 @@ class GemmConfig:
             )
         if self.stream and (self.split_k or self.programs_per_sm):
             raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
-        if self.gluon and (self.stream or self.block_m != 16 or self.num_warps != 4):
-            raise ValueError(f"GemmConfig: the Gluon kernels take 16 rows, 4 warps, no stream-K schedule, got {self}")
+        if self.gluon and (self.stream or self.block_m != 16 or self.num_warps != 4 or self.block_n % 64
+                           or self.block_k < 128 or self.num_stages < 2):  # fmt: skip
+            raise ValueError(
+                "GemmConfig: the Gluon kernels take 16 rows, 4 warps (one warpgroup: block_n a multiple of 64), "
+                f"block_k >= 128, 2 or more stages and no stream-K schedule, got {self}"
+            )
 
     @property
     def has_plan(self) -> bool:

@@ -457,6 +457,33 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
         autotune.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
 
 
+def test_splits_only_stores_a_winning_trial_of_another_tile_with_its_own_shared_bytes(tmp_path, monkeypatch):
+    # A trial need not share the tile in use's shared memory (the Gluon gemm1's tile is another tile): the tuner asks
+    # the family for its size once per tile and stores that with the entry.
+    h200 = TARGETS["h200"]
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "shipped_dir", lambda: tmp_path / "shipped")
+    tile, other = GemmConfig(16, 128, 256, 4, 3), GemmConfig(16, 64, 256, 4, 3, gluon=True)
+    sizes = {tile: 40000, other: 70000}
+    asked = []
+
+    def shared_bytes(items, target):
+        asked.extend(c for _, c in items)
+        return [sizes[c.without_plan()] for _, c in items]
+
+    variant = dataclasses.replace(
+        variants.get("w4a16"), kernels=("gemm1",), compiled_shared_bytes=shared_bytes,
+        model_shared_bytes=lambda kernel, cfg, target: 0,
+        split_candidates=lambda kernel, cfg, shape, bucket, sms, targets=(), arch=None: [
+            other, dataclasses.replace(other, programs_per_sm=1)],
+    )  # fmt: skip
+    entries, _ = autotune.tune(h200, EP8, [Fraction(3, 32)], lambda k, cfg, b: 0.5 if cfg.gluon else 1.0,
+                               variant=variant, tiles=lambda kernel, bucket: tile)  # fmt: skip
+    (entry,) = entries.values()
+    assert entry.config.gluon and entry.shared_bytes == 70000
+    assert asked.count(other) == 1, "one size per tile, whatever its plans"
+
+
 def test_splits_only_stores_a_stream_k_plan_only_where_it_beats_the_default(tmp_path, monkeypatch):
     # With the split targets giving no other count (2 per SM is the default plan), gemm1's only other plans are the
     # stream-K ones: a step where none beats the default by SPLIT_MARGIN gets no gemm1 entry, one where one does
@@ -636,3 +663,19 @@ def test_the_ops_pick_config_reads_the_shipped_cache_of_the_gpu(monkeypatch, pat
     if path == "w4a16":  # the shipped decode pick, not the heuristic
         key = cache_key(SM120, "gemm1", gemm_shape("gemm1", ep8), autotune.bucket_of(1 / 32), measured=False)
         assert got.gemm1 == ConfigCache(SM120).entries[key].config
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--kernels", "gemm3"], "expected some of gemm1,gemm2"),  # a GEMM the path does not have
+        (["--kernels", "gemm1", "--path", "w4a4"], "tunes its GEMMs together"),  # W4A4's threshold needs both
+    ],
+)
+def test_tune_kernels_refuses_what_it_cannot_do(args, message, capsys, tmp_path, monkeypatch):
+    from sglang_glm5 import cli
+
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    assert cli.main(["tune", "--target", "rtx-pro-6000", *args]) != 0
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json")), "nothing tuned, nothing stored"

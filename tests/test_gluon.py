@@ -44,15 +44,17 @@ def test_label_says_gluon_and_round_trips():
     assert cfg.label == "16x64x256-w4-s3-p1-gl"
     assert GemmConfig.from_label(cfg.label) == cfg and GemmConfig(**cfg.as_dict()) == cfg
     assert cfg.without_plan() == w4a16_gluon.TILE, "the kernel is the config's form, not its plan"
-    with pytest.raises(ValueError, match="16 rows, 4 warps"):
-        GemmConfig(32, 64, 256, 4, 3, gluon=True)
+    # what the kernels cannot run: other rows or warps, under wgmma's 64 rows, a short K step, a ring of one stage
+    for bad in ((32, 64, 256, 4, 3), (16, 32, 256, 4, 3), (16, 64, 64, 4, 3), (16, 64, 256, 4, 1), (16, 64, 256, 8, 3)):
+        with pytest.raises(ValueError, match="16 rows, 4 warps"):
+            GemmConfig(*bad, gluon=True)
     with pytest.raises(ValueError, match="stream-K"):
         dataclasses.replace(w4a16_gluon.TILE, stream=2)
 
 
 def test_applies_only_where_it_runs(monkeypatch):
     cuda = torch.device("cuda")
-    ok = {"layout": "kernel_wgmma", "k_size": 6144, "tile": w4a16_gluon.TILE}
+    ok = {"layout": "kernel_wgmma", "k_size": 6144, "tile": w4a16_gluon.TILE, "dtype": torch.bfloat16}
 
     def applies(device=cuda, **changes):
         return w4a16_gluon.applies(device, **{**ok, **changes})
@@ -62,6 +64,7 @@ def test_applies_only_where_it_runs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
     assert applies(), "on by default for a config marked Gluon"
+    assert not applies(dtype=torch.float16), "bf16 only: the kernels' wgmma would read fp16 as bf16"
     assert not applies(tile=dataclasses.replace(w4a16_gluon.TILE, gluon=False)), "only a config marked Gluon"
     monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "0")
     assert not applies(), "the switch off: the Triton kernel"
@@ -159,7 +162,8 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.cpu().double() - want).norm() / want.norm()).item()
 
 
-# (tokens, active experts of 8, tokens with no local slot): H = 1024 (4 K steps of 256), I = 320 (5 N tiles of 64)
+# (tokens, active experts of 8, tokens with no local slot): H = 1024 (4 K steps of 256), I = 512 (gemm1: 8 N tiles of
+# 64; gemm2: 2 K steps)
 GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
 
 
@@ -168,7 +172,7 @@ GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
 def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, device, monkeypatch):
     _gpu_case(device, monkeypatch)
     num_tokens, active, idle = case
-    layer = random_layer(8, 1024, 320, gen)
+    layer = random_layer(8, 1024, 512, gen)
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
     assert bundle.layout == "kernel_wgmma"
     x = torch.randn(num_tokens, 1024, generator=gen).bfloat16()

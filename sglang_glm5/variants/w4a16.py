@@ -442,7 +442,7 @@ def split_candidates(
 
     out = []
     if bucket < 1 and not cfg.has_plan and (seen := {splits(cfg)}) != {None}:
-        out = [t for t in other_plans(cfg, seen) if not t.split_k]
+        out = [t for t in other_plans(cfg, seen) if cfg.gluon or not t.split_k]  # the Gluon tile's unsplit too
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
     if arch is None or bucket > GLUON_MAX_BUCKET or not w4a16_gluon.runs_on(arch):
@@ -493,7 +493,7 @@ def launch_gemm1(
     check_config(cfg)
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
-    if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg):
+    if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
         w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
                            k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg)  # fmt: skip
         return
@@ -604,7 +604,7 @@ def launch_gemm2(
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
-    if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg):
+    if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg, h.dtype):
         w4a16_gluon.launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, splits=launch.splits,
                                  k_per_split=launch.k_per_split, per_program=per_program, pdl=pdl,
                                  tile=cfg)  # fmt: skip

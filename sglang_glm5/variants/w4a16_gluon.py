@@ -1,13 +1,13 @@
-"""The W4A16 family's gemm1 in Gluon on sm_90: where it runs, its candidates for the tuner, its launch.
+"""The W4A16 family's GEMMs in Gluon on sm_90: where they run, their candidates for the tuner, their launches.
 
-``kernels/nvfp4_moe_gluon.py`` is the same gemm1 as the Triton kernel (same decode, dots and K order, the op's K
-splits and its deterministic sum) with the copies, the wgmma waits and the scale reads scheduled by hand. A gemm1
-config marked ``gluon`` (label suffix ``-gl``) runs it where ``applies`` (``w4a16.launch_gemm1`` decides per launch),
-else the Triton kernel with the same tile and split: the config says what runs, so the tuner, the cache and the op
-agree. The tuner offers ``TILE`` with its split plans at decode buckets on a GPU where it runs (``runs_on``), beside
-the Triton tiles. H200, GLM-5, the whole op at real routing with ``TILE`` at a fixed split rule, seeds 43 and 67
-(bench/README.md, run 29; B = 1, 2, 3, 4, 6, 8): EP8 0.84-0.98x, TP8 B = 1-3 0.89-0.93x, B = 8 0.99x, B = 4-6
-1.01-1.02x; kernel alone unsplit 0.89x the op's gemm1 at B = 32, 1.02-1.13x at B = 128-256 (run 30).
+``kernels/nvfp4_moe_gluon.py`` holds gemm1 and gemm2 as the Triton kernels compute them (same decode, dots and K order,
+the op's K splits and deterministic sums) with the copies, the wgmma waits and the scale reads scheduled by hand. A
+config marked ``gluon`` (label suffix ``-gl``) runs them where ``applies`` (``w4a16.launch_gemm1`` and
+``launch_gemm2`` decide per launch), else the Triton kernels with the same tile and split: the config says what runs,
+so the tuner, the cache and the op agree. The tuner offers ``TILES`` with their split plans at decode buckets on a GPU
+where they run (``runs_on``), beside the Triton tiles. H200, GLM-5, the whole op at real routing with the tuner's Gluon
+gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8 B = 1-8 0.92-0.94x, B = 32 0.95x,
+TP8 B = 1-8 0.89-0.93x. The Gluon gemm2 compiles but has not run on a GPU: not offered yet.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ def runs_on(arch: int) -> bool:
     return wgmma_from_registers(arch) and available()
 
 
-def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig) -> bool:
+def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dtype: torch.dtype) -> bool:
     """Whether a GEMM launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
-    CUDA sm_90 device (not the interpreter), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a
-    multiple of the tile's K step."""
+    CUDA sm_90 device (not the interpreter), bf16 activations (the kernels' wgmma is bf16: fp16 would be read as
+    bf16), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a multiple of the tile's K step."""
     if not tile.gluon or not env.get(env.GLUON_GEMM1):
         return False
-    if interpreting() or device.type != "cuda":
+    if interpreting() or device.type != "cuda" or dtype != torch.bfloat16:
         return False
     if layout != "kernel_wgmma" or k_size % tile.block_k:
         return False
