@@ -132,7 +132,7 @@ def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.con
 
 
 @gluon.jit
-def _issue_copies(
+def _issue_gemm1_copies(
     wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed gate, up; their scales; activation quarters
     slot,  # ring slot
     k0,  # the K step's first column
@@ -151,7 +151,7 @@ def _issue_copies(
 
 
 @gluon.jit
-def _quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+def _gemm1_quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
     """Quarter Q of a K step, gate and up: decode, issue the wgmma without waiting, then wait until at most
     LOOKAHEAD quarters (two wgmma groups each) are in flight. The registers of a quarter still in flight stay
     untouched because ptxas tracks the operands of asynchronous wgmmas (else it serializes them, with a warning)."""
@@ -240,8 +240,8 @@ def nvfp4_moe_gemm1_gluon_kernel(
         steps = gl.cdiv(k_end - k_begin, BLOCK_K)
         for i in gl.static_range(STAGES - 1):
             if i < steps:
-                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
+                _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
+                                    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -252,17 +252,18 @@ def nvfp4_moe_gemm1_gluon_kernel(
             _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if nxt < steps:
-                _issue_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, k_begin + nxt * BLOCK_K,
-                              wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
+                _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES,
+                                    k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
+                                    s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
             pg = wg_s.index(slot).load(a_l)
             pu = wu_s.index(slot).load(a_l)
             sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
             su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-            acc_g, acc_u = _quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
-            acc_g, acc_u = _quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
-            acc_g, acc_u = _quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
-            acc_g, acc_u = _quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
+            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
+            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
+            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
+            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         cp.wait_group(0)
         if PDL:
@@ -294,7 +295,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
 
 
 @gluon.jit
-def _issue_copies2(
+def _issue_gemm2_copies(
     w_s, s_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed words, scale codes, activation quarters
     slot,  # ring slot
     step,  # the program's (N tile, K step) step: tile pid_n + (step // k_steps) * programs
@@ -325,7 +326,7 @@ def _issue_copies2(
 
 
 @gluon.jit
-def _quarter2(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+def _gemm2_quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
     """Quarter Q of a gemm2 K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in flight."""
     a = _decode(pw, sw, Q)
     acc = warpgroup_mma(a, xq, acc, is_async=True)
@@ -385,8 +386,9 @@ def nvfp4_moe_gemm2_gluon_kernel(
         steps = gl.cdiv(gl.cdiv(hidden_size, BLOCK_N) - pid_n, programs) * k_steps
         for i in gl.static_range(STAGES - 1):
             if i < steps:
-                _issue_copies2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, i, pid_n, programs, k_steps, k_begin, w_base,
-                               s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N, BLOCK_K)  # fmt: skip
+                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, i, pid_n, programs, k_steps, k_begin,
+                                    w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N,
+                                    BLOCK_K)  # fmt: skip
             cp.commit_group()
 
         pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
@@ -401,16 +403,16 @@ def nvfp4_moe_gemm2_gluon_kernel(
             _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if nxt < steps:
-                _issue_copies2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt, pid_n, programs, k_steps,
-                               k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N,
-                               BLOCK_K)  # fmt: skip
+                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt, pid_n, programs,
+                                    k_steps, k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok,
+                                    BLOCK_N, BLOCK_K)  # fmt: skip
             cp.commit_group()
             pw = w_s.index(slot).load(a_l)
             sw = _operand_scales(s_s.index(slot), BLOCK_N, QK, a_l)
-            acc = _quarter2(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
-            acc = _quarter2(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
-            acc = _quarter2(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
-            acc = _quarter2(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
+            acc = _gemm2_quarter(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
+            acc = _gemm2_quarter(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
+            acc = _gemm2_quarter(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
+            acc = _gemm2_quarter(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
                 n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))

@@ -89,7 +89,7 @@ class GemmConfig:
     @classmethod
     def from_label(cls, label: str) -> GemmConfig:
         """The config of ``label`` ("16x128x256-w4-s3", with "-k2", "-p1" or "-sk2" for a fixed split, plan or stream-K
-        schedule, then "-gl" for the Gluon gemm1)."""
+        schedule, then "-gl" for the Gluon kernels)."""
         m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?", label)
         if m is None:
             raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl], got {label!r}")
@@ -115,6 +115,11 @@ class GemmConfig:
         if self.gluon:
             d["gluon"] = True
         return d
+
+
+def k_splits_cover(k_size: int, block_k: int, splits: int, k_per_split: int) -> bool:
+    """Whether ``splits`` of ``k_per_split`` columns (whole K steps of ``block_k``) cover K = ``k_size``, none empty."""
+    return k_per_split % block_k == 0 and 0 <= (splits - 1) * k_per_split < k_size <= splits * k_per_split
 
 
 @dataclass(frozen=True)

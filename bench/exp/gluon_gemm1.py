@@ -141,7 +141,7 @@ def tile_variants(layout, batch, sms):
         bound = route.block_expert.numel()
         for item in labels:
             label, _, la = item.partition(":")
-            tile = dataclasses.replace(GemmConfig.from_label(label), programs_per_sm=2)
+            tile = dataclasses.replace(GemmConfig.from_label(label), programs_per_sm=2, gluon=True)
             want = w4a16.plan_launch(layout.hidden, tile, triton.cdiv(layout.inter, tile.block_n), bound, expected,
                                      sms).splits  # fmt: skip
             hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")

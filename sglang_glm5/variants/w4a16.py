@@ -32,7 +32,7 @@ from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
 from sglang_glm5.shapes import MoeShape
-from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target
+from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target, k_splits_cover
 from sglang_glm5.variants import Bucket, KernelVariant, w4a16_gluon
 
 KERNELS = ("gemm1", "gemm2")
@@ -432,9 +432,12 @@ def split_candidates(
         return plan.gemm2.splits if plan.per_program == 1 else None
 
     def other_plans(tile: GemmConfig, seen: set) -> list[GemmConfig]:
+        """Each target's plan with a split count not in ``seen``, and for a Gluon tile unsplit too."""
+        trials = [dataclasses.replace(tile, programs_per_sm=t) for t in targets]
+        if tile.gluon:
+            trials.append(dataclasses.replace(tile, split_k=1))
         out = []
-        for trial in [dataclasses.replace(tile, programs_per_sm=t) for t in targets] + [
-                dataclasses.replace(tile, split_k=1)]:  # fmt: skip
+        for trial in trials:
             if (n := splits(trial)) not in seen:
                 seen.add(n)
                 out.append(trial)
@@ -442,7 +445,7 @@ def split_candidates(
 
     out = []
     if bucket < 1 and not cfg.has_plan and (seen := {splits(cfg)}) != {None}:
-        out = [t for t in other_plans(cfg, seen) if cfg.gluon or not t.split_k]  # the Gluon tile's unsplit too
+        out = other_plans(cfg, seen)
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
     if arch is None or bucket > GLUON_MAX_BUCKET or not w4a16_gluon.runs_on(arch):
@@ -463,7 +466,7 @@ def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
 
 
 def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
-    if launch.k_per_split % cfg.block_k or not 0 <= (launch.splits - 1) * launch.k_per_split < k_size:
+    if not k_splits_cover(k_size, cfg.block_k, launch.splits, launch.k_per_split):
         raise ValueError(f"launch: {launch} leaves a K split empty or cuts a K step (K = {k_size}, {cfg.label})")
 
 
@@ -651,8 +654,8 @@ def launch_gemm2(
 
 def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
-    launch (sort, activation layout, split-K counters), gemm1 (in Gluon for a config marked so, where it runs), gemm2
-    and the top-k sum."""
+    launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
+    runs) and the top-k sum."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k

@@ -19,7 +19,7 @@ import torch
 from sglang_glm5 import env
 from sglang_glm5.hardware import wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
-from sglang_glm5.tiles import GemmConfig
+from sglang_glm5.tiles import GemmConfig, k_splits_cover
 
 # The tile the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x this one's time,
 # 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x
@@ -75,8 +75,8 @@ def launch(
     lookahead: int = LOOKAHEAD,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
-    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: its
-    block_n, block_k and num_stages (block_m 16, 4 warps); ``lookahead``: quarters of wgmmas left in flight."""
+    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
+    config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
@@ -125,10 +125,9 @@ def launch_gemm2(
 
 
 def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, kernel: str, k_name: str) -> None:
-    if tile.block_m != 16 or tile.num_warps != 4:
-        raise ValueError(f"gluon {kernel}: tiles of 16 rows on 4 warps, got {tile.label}")
-    if k_size % tile.block_k or k_per_split % tile.block_k or not 0 <= (splits - 1) * k_per_split < k_size <= (
-            splits * k_per_split):  # fmt: skip
+    if not tile.gluon:  # GemmConfig refuses a Gluon config the kernels cannot run
+        raise ValueError(f"gluon {kernel}: expected a config marked gluon, got {tile.label}")
+    if k_size % tile.block_k or not k_splits_cover(k_size, tile.block_k, splits, k_per_split):
         raise ValueError(f"gluon {kernel}: {splits} splits of {k_per_split} must cover {k_name} = {k_size} in whole K "
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
 
