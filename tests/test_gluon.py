@@ -26,12 +26,14 @@ needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Trito
 @needs_gluon
 def test_compiles_for_sm90_with_async_wgmma():
     # In worker processes (sglang_glm5.aot): kernels imported under the interpreter do not compile reliably.
-    forms = [("gemm1", 1, False), ("gemm1", 4, True), ("gemm2", 1, True), ("gemm2", 3, False)]
-    tiles = {"gemm1": w4a16_gluon.TILE.label, "gemm2": w4a16_gluon.GEMM2_TILE.label}
-    jobs = [[90, s, p, tiles[k], k] for k, s, p in forms]
+    two = w4a16_gluon.TWO_STAGE_TILE.label
+    forms = [("gemm1", 1, False, w4a16_gluon.TILE.label), ("gemm1", 4, True, w4a16_gluon.TILE.label),
+             ("gemm1", 3, True, two), ("gemm2", 1, True, w4a16_gluon.GEMM2_TILE.label),
+             ("gemm2", 3, False, w4a16_gluon.GEMM2_TILE.label)]  # fmt: skip
+    jobs = [[90, s, p, tile, k] for k, s, p, tile in forms]
     results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
     limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
-    for (kernel, splits, pdl), got in zip(forms, results, strict=True):
+    for (kernel, splits, pdl, _), got in zip(forms, results, strict=True):
         assert isinstance(got, dict), got
         assert 0 < got["shared"] <= limit
         assert got["wgmma"] and got["cp_async"]
@@ -88,8 +90,9 @@ OFFERS = [
     (Fraction(1, 32), True, True),  # GLM-5 B = 1: split plans of the Gluon tile
     (Fraction(1, 4), True, True),
     (1, True, False),  # B = 32: its own tile, unsplit (the blocks fill the GPU)
-    (2, True, False),  # B = 64: the last bucket it is offered at (GLUON_MAX_BUCKET)
-    (4, False, False),
+    (8, True, False),  # B = 256: the last bucket it is offered at (GLUON_MAX_BUCKET)
+    (16, False, False),
+    (64, False, False),  # chunked prefill, B = 2048
 ]
 
 
@@ -142,11 +145,10 @@ def _gpu_case(device: torch.device, monkeypatch) -> None:
     monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
 
 
-def _config(per_sm: int) -> MoeConfig:
-    """The Gluon tiles (gemm2's larger) split for ``per_sm`` programs an SM (0: unsplit)."""
+def _config(per_sm: int, gemm1: GemmConfig = w4a16_gluon.TILE) -> MoeConfig:
+    """Gluon tiles (gemm2's the larger) split for ``per_sm`` programs an SM (0: unsplit)."""
     plan = {"programs_per_sm": per_sm, "split_k": 0 if per_sm else 1}
-    gemm1, gemm2 = w4a16_gluon.TILE, w4a16_gluon.GEMM2_TILE
-    return MoeConfig(dataclasses.replace(gemm1, **plan), dataclasses.replace(gemm2, **plan))
+    return MoeConfig(dataclasses.replace(gemm1, **plan), dataclasses.replace(w4a16_gluon.GEMM2_TILE, **plan))
 
 
 def _ids(num_tokens: int, top_k: int, experts: torch.Tensor, gen: torch.Generator, idle: int = 0) -> torch.Tensor:
@@ -167,9 +169,10 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 GPU_CASES = [(1, 1, 0), (2, 2, 0), (4, 8, 1)]
 
 
+@pytest.mark.parametrize("gemm1", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)  # each tile the tuner offers
 @pytest.mark.parametrize("per_sm", [0, 2])  # 0: unsplit; 2: split over K as the op does (the tile's aim)
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"T{c[0]}-active{c[1]}-idle{c[2]}")
-def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, device, monkeypatch):
+def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gemm1, gen, device, monkeypatch):
     _gpu_case(device, monkeypatch)
     num_tokens, active, idle = case
     layer = random_layer(8, 1024, 512, gen)
@@ -180,7 +183,7 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
     ids = _ids(num_tokens, 4, torch.randperm(8, generator=gen)[:active].to(torch.int32), gen, idle)
     want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
     args = (x.to(device), bundle, weights.to(device), ids.to(device))
-    kw = {"check_ids": False, "num_global_experts": 64, "config": _config(per_sm)}
+    kw = {"check_ids": False, "num_global_experts": 64, "config": _config(per_sm, gemm1)}
     calls = []
     for name in ("launch", "launch_gemm2"):
         launch = getattr(w4a16_gluon, name)
@@ -201,8 +204,9 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gen, de
         assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
 
 
+@pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)
 @pytest.mark.parametrize("splits", [1, 3])
-def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, monkeypatch):
+def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, device, monkeypatch):
     # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
     _gpu_case(device, monkeypatch)
 
@@ -219,11 +223,11 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, gen, device, mo
     h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
     h_gluon = torch.zeros_like(h_triton)
     launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
-    triton_tile = dataclasses.replace(w4a16_gluon.TILE, gluon=False)
+    triton_tile = dataclasses.replace(tile, gluon=False)
     w4a16.launch_gemm1(*args, h_triton, triton_tile, 4, *bundle.gate_up_rows, False, launch=launch,
                        counters=counters, layout=bundle.layout)  # fmt: skip
     w4a16_gluon.launch(*args, h_gluon, 4, *bundle.gate_up_rows, splits=k_splits[0], k_per_split=k_splits[1],
-                       counters=counters, pdl=False)  # fmt: skip
+                       counters=counters, pdl=False, tile=tile)  # fmt: skip
     valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
     assert torch.equal(h_gluon[valid], h_triton[valid])
 

@@ -302,10 +302,10 @@ STREAM_PAIRS_PER_EXPERT = 8
 # (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
 # slower at the other sizes measured.
 STREAM_TRIALS = (2, 3)
-# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 64): kernel
-# alone on the H200, unsplit, the Gluon gemm1 took 0.89x the op's gemm1 at B = 32, 0.96-0.98x at B = 64 and
-# 1.02-1.13x at B = 128-256 (bench/README.md, run 30).
-GLUON_MAX_BUCKET = 2
+# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 256): in the
+# H200 tune of run 31 the 2-stage Gluon gemm1 won the buckets of B = 128 and 256 too (0.97x and 0.98x the 16x128x256
+# Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); chunked-prefill sizes keep the Triton tiles.
+GLUON_MAX_BUCKET = 8
 
 
 @functools.cache

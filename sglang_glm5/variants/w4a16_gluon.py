@@ -21,15 +21,20 @@ from sglang_glm5.hardware import wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig, k_splits_cover
 
-# The tile the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x this one's time,
-# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x
+# The tiles the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x TILE's time,
+# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x. TWO_STAGE_TILE: 53248 B and 163 registers against TILE's
+# 79872 B and 193 (sm_90 AOT, Triton 3.6), so three programs per SM instead of two; in the tune of run 31 it won
+# gemm1 at most GLM-5 decode steps, B = 128 and 256 included (0.90-0.99x the op); 16x64x128-w4-s4 (112 registers,
+# four per SM) took 1.5x its time.
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
+TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
 # gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
 # 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
-# The tiles the tuner offers per GEMM. The Gluon gemm2 compiles (CI) but has not run on a GPU yet: it joins (with
-# GEMM2_TILE and TILE) once its GPU tests (tests/test_gluon.py) have passed on one.
-TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE,), "gemm2": ()}
+# The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31) but was slower than the Triton
+# gemm2 at every GLM-5 decode step of both layouts, with either tile and any split (1.02-1.3x the winning trial;
+# bench/README.md, run 31): not offered.
+TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 
 
