@@ -16,7 +16,9 @@ the schedule, written out instead of left to Triton's pipeliner:
   once, one L2 hot spot (2-4.7x slower on an H200);
 - each quarter's wgmma (decoded weights as the register operand, activations from shared memory) is issued
   asynchronously and waited for when at most LOOKAHEAD quarters are left in flight, so the next quarter's decode
-  overlaps the tensor cores (Triton keeps a wgmma with a register operand synchronous);
+  overlaps the tensor cores (Triton keeps a wgmma with a register operand synchronous); with GATE_THEN_UP the
+  four quarters of gate go first, then up's, so that one matrix's packed words are in registers at a time (the
+  same wgmmas on each accumulator in the same order: the same bits);
 - the block scales are read back from shared memory in the wgmma operand's layout: a thread's two words of a
   register share one block (the kernel_wgmma layout), and the broadcast to them is free
   (``convert_layout(..., assert_trivial=True)``).
@@ -198,6 +200,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr,  # copy ring depth
     LOOKAHEAD: gl.constexpr,  # quarters of wgmmas left in flight while the next is decoded
+    GATE_THEN_UP: gl.constexpr,  # a K step's four gate quarters, then up's (else each quarter's gate and up)
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
 ):  # fmt: skip
@@ -256,14 +259,32 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
                                     s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
-            pg = wg_s.index(slot).load(a_l)
-            pu = wu_s.index(slot).load(a_l)
-            sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-            su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0, LOOKAHEAD)
-            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1, LOOKAHEAD)
-            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2, LOOKAHEAD)
-            acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3, LOOKAHEAD)
+            x0 = x0_s.index(slot).permute((1, 0))
+            x1 = x1_s.index(slot).permute((1, 0))
+            x2 = x2_s.index(slot).permute((1, 0))
+            x3 = x3_s.index(slot).permute((1, 0))
+            if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
+                pw = wg_s.index(slot).load(a_l)
+                sw = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+                acc_g = _quarter(pw, sw, x0, acc_g, 0, LOOKAHEAD)
+                acc_g = _quarter(pw, sw, x1, acc_g, 1, LOOKAHEAD)
+                acc_g = _quarter(pw, sw, x2, acc_g, 2, LOOKAHEAD)
+                acc_g = _quarter(pw, sw, x3, acc_g, 3, LOOKAHEAD)
+                pw = wu_s.index(slot).load(a_l)
+                sw = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
+                acc_u = _quarter(pw, sw, x0, acc_u, 0, LOOKAHEAD)
+                acc_u = _quarter(pw, sw, x1, acc_u, 1, LOOKAHEAD)
+                acc_u = _quarter(pw, sw, x2, acc_u, 2, LOOKAHEAD)
+                acc_u = _quarter(pw, sw, x3, acc_u, 3, LOOKAHEAD)
+            else:
+                pg = wg_s.index(slot).load(a_l)
+                pu = wu_s.index(slot).load(a_l)
+                sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+                su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         cp.wait_group(0)
         if PDL:
@@ -326,8 +347,9 @@ def _issue_gemm2_copies(
 
 
 @gluon.jit
-def _gemm2_quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
-    """Quarter Q of a gemm2 K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in flight."""
+def _quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+    """Quarter Q of one weight matrix's K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in
+    flight."""
     a = _decode(pw, sw, Q)
     acc = warpgroup_mma(a, xq, acc, is_async=True)
     acc, a = warpgroup_mma_wait(num_outstanding=LOOKAHEAD, deps=(acc, a))
@@ -409,10 +431,10 @@ def nvfp4_moe_gemm2_gluon_kernel(
             cp.commit_group()
             pw = w_s.index(slot).load(a_l)
             sw = _operand_scales(s_s.index(slot), BLOCK_N, QK, a_l)
-            acc = _gemm2_quarter(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
-            acc = _gemm2_quarter(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
-            acc = _gemm2_quarter(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
-            acc = _gemm2_quarter(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
+            acc = _quarter(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
+            acc = _quarter(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
+            acc = _quarter(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
+            acc = _quarter(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
                 n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))

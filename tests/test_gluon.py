@@ -204,11 +204,13 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gemm1, 
         assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
 
 
+@pytest.mark.parametrize("gate_then_up", [False, True])  # the order of a K step's wgmmas
 @pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)
 @pytest.mark.parametrize("splits", [1, 3])
-def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, device, monkeypatch):
+def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gate_then_up, gen, device, monkeypatch):
     # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
     _gpu_case(device, monkeypatch)
+    monkeypatch.setattr(w4a16_gluon, "GATE_THEN_UP", gate_then_up)
 
     layer = random_layer(8, 1536, 256, gen)
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()

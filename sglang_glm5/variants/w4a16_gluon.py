@@ -31,11 +31,18 @@ TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
 # gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
 # 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
-# The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31) but was slower than the Triton
-# gemm2 at every GLM-5 decode step of both layouts, with either tile and any split (1.02-1.3x the winning trial;
-# bench/README.md, run 31): not offered.
+# The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
+# decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
+# never past the tuner's margin (bench/README.md, run 31): not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
+# gemm1: a K step's four gate quarters, then up's, rather than each quarter's gate and up: one matrix's packed words
+# and scale codes in registers at a time (sm_90 AOT, 16x64x256-w4-s2: 123-128 registers against 163, Triton 3.6).
+# Off until timed on a GPU (bench/exp/gate_then_up.py); its bits are the Triton gemm1's (tests/test_gluon.py)
+GATE_THEN_UP = False
+# gemm1 tiles of 64 rows are compiled for at most 128 registers, so that four 2-stage programs fit an SM (65536
+# registers, 128 threads each): Triton 3.8 gives the split form 129 otherwise (ptxas: no spills at 128)
+REGISTER_CAP = 128
 
 
 @functools.cache
@@ -101,8 +108,9 @@ def launch(
         num_pairs, top_k, inter, x.shape[1], k_per_split,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits,
-        PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead,
+        GATE_THEN_UP=GATE_THEN_UP, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        **_register_cap("gemm1", tile),
     )  # fmt: skip
 
 
@@ -127,6 +135,11 @@ def launch_gemm2(
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits,
         PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
+
+
+def _register_cap(kernel: str, tile: GemmConfig) -> dict:
+    """The compile option that caps a gemm1 tile's registers (REGISTER_CAP), if any."""
+    return {"maxnreg": REGISTER_CAP} if kernel == "gemm1" and GATE_THEN_UP and tile.block_n == 64 else {}
 
 
 def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, kernel: str, k_name: str) -> None:
@@ -172,9 +185,12 @@ def aot(
     fn = {"gemm1": _g.nvfp4_moe_gemm1_gluon_kernel, "gemm2": _g.nvfp4_moe_gemm2_gluon_kernel}[kernel]
     consts = {"BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "STAGES": tile.num_stages, "LOOKAHEAD": lookahead,
               "SPLITS": splits, "PDL": pdl}  # fmt: skip
+    if kernel == "gemm1":
+        consts["GATE_THEN_UP"] = GATE_THEN_UP
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a] != "constexpr" and a not in _NOT_DIVISIBLE}  # fmt: skip
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": tile.num_warps})
+    options = {"num_warps": tile.num_warps, **_register_cap(kernel, tile)}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
