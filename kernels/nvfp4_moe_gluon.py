@@ -259,11 +259,11 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
                                     s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
-            x0 = x0_s.index(slot).permute((1, 0))
-            x1 = x1_s.index(slot).permute((1, 0))
-            x2 = x2_s.index(slot).permute((1, 0))
-            x3 = x3_s.index(slot).permute((1, 0))
             if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
+                x0 = x0_s.index(slot).permute((1, 0))
+                x1 = x1_s.index(slot).permute((1, 0))
+                x2 = x2_s.index(slot).permute((1, 0))
+                x3 = x3_s.index(slot).permute((1, 0))
                 pw = wg_s.index(slot).load(a_l)
                 sw = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
                 acc_g = _quarter(pw, sw, x0, acc_g, 0, LOOKAHEAD)
@@ -281,10 +281,14 @@ def nvfp4_moe_gemm1_gluon_kernel(
                 pu = wu_s.index(slot).load(a_l)
                 sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
                 su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0,
+                                              LOOKAHEAD)  # fmt: skip
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1,
+                                              LOOKAHEAD)  # fmt: skip
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2,
+                                              LOOKAHEAD)  # fmt: skip
+                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3,
+                                              LOOKAHEAD)  # fmt: skip
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         cp.wait_group(0)
         if PDL:
