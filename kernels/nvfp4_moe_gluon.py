@@ -1,5 +1,6 @@
 """The W4A16 op's GEMMs at decode sizes for sm_90, in Gluon (Triton's explicit-layout dialect): gemm1 (below) and
-gemm2 (``nvfp4_moe_gemm2_gluon_kernel``: the same schedule on one weight matrix; not yet run on a GPU).
+gemm2 (``nvfp4_moe_gemm2_gluon_kernel``: the same schedule on one weight matrix; tested on the H200, not offered by
+the tuner: slower there than the Triton gemm2).
 
     P = T * top_k (token, slot) pairs, E = local experts, H = hidden size (gemm1's K), I = intermediate size
 
