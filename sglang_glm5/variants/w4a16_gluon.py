@@ -39,8 +39,10 @@ GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # gemm1: a K step's four gate quarters, then up's, rather than each quarter's gate and up: one matrix's packed words
-# and scale codes in registers at a time (sm_90 AOT, 16x64x256-w4-s2: 123-128 registers against 163, Triton 3.6).
-# Off until timed on a GPU (bench/exp/gate_then_up.py); its bits are the Triton gemm1's (tests/test_gluon.py)
+# and scale codes in registers at a time (sm_90 AOT, 16x64x256-w4-s2: 123-128 registers against 163, Triton 3.6, so
+# four programs per SM). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). Off: the op with the h200
+# cache (its splits tuned at three per SM) took 0.96-1.17x the time, faster at EP8 B = 3, 8, 64 and TP8 B = 64-128,
+# slower at most other steps (bench/README.md, run 31)
 GATE_THEN_UP = False
 # gemm1 tiles of 64 rows are compiled for at most 128 registers, so that four 2-stage programs fit an SM (65536
 # registers, 128 threads each): Triton 3.8 gives the split form 129 otherwise (ptxas: no spills at 128)
