@@ -167,6 +167,29 @@ def _gemm1_quarter(pg, pu, sg, su, xq, acc_g, acc_u, Q: gl.constexpr, LOOKAHEAD:
 
 
 @gluon.jit
+def _quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
+    """Quarter Q of one weight matrix's K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in
+    flight."""
+    a = _decode(pw, sw, Q)
+    acc = warpgroup_mma(a, xq, acc, is_async=True)
+    acc, a = warpgroup_mma_wait(num_outstanding=LOOKAHEAD, deps=(acc, a))
+    return acc
+
+
+@gluon.jit
+def _matrix_k_step(w_slot, s_slot, x0, x1, x2, x3, acc, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+                   LOOKAHEAD: gl.constexpr):  # fmt: skip
+    """One weight matrix's K step from a ring slot (``w_slot``, ``s_slot``; ``x0`` .. ``x3``: the activation
+    quarters, [QK, 16] views): its packed words and scale codes into registers, then the four quarters' wgmmas."""
+    pw = w_slot.load(_A)
+    sw = _operand_scales(s_slot, BLOCK_N, QK, _A)
+    acc = _quarter(pw, sw, x0, acc, 0, LOOKAHEAD)
+    acc = _quarter(pw, sw, x1, acc, 1, LOOKAHEAD)
+    acc = _quarter(pw, sw, x2, acc, 2, LOOKAHEAD)
+    return _quarter(pw, sw, x3, acc, 3, LOOKAHEAD)
+
+
+@gluon.jit
 def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht):
     """h = SiLU(gate) * up, global scales and 2^7 (``nvfp4_moe.DECODE_UNSCALE``) applied, in the permuted K order of
     the kernel_wgmma layout (as ``nvfp4_moe``'s: column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i)."""
@@ -265,18 +288,10 @@ def nvfp4_moe_gemm1_gluon_kernel(
                 x1 = x1_s.index(slot).permute((1, 0))
                 x2 = x2_s.index(slot).permute((1, 0))
                 x3 = x3_s.index(slot).permute((1, 0))
-                pw = wg_s.index(slot).load(a_l)
-                sw = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-                acc_g = _quarter(pw, sw, x0, acc_g, 0, LOOKAHEAD)
-                acc_g = _quarter(pw, sw, x1, acc_g, 1, LOOKAHEAD)
-                acc_g = _quarter(pw, sw, x2, acc_g, 2, LOOKAHEAD)
-                acc_g = _quarter(pw, sw, x3, acc_g, 3, LOOKAHEAD)
-                pw = wu_s.index(slot).load(a_l)
-                sw = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-                acc_u = _quarter(pw, sw, x0, acc_u, 0, LOOKAHEAD)
-                acc_u = _quarter(pw, sw, x1, acc_u, 1, LOOKAHEAD)
-                acc_u = _quarter(pw, sw, x2, acc_u, 2, LOOKAHEAD)
-                acc_u = _quarter(pw, sw, x3, acc_u, 3, LOOKAHEAD)
+                acc_g = _matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
+                                       LOOKAHEAD)  # fmt: skip
+                acc_u = _matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
+                                       LOOKAHEAD)  # fmt: skip
             else:
                 pg = wg_s.index(slot).load(a_l)
                 pu = wu_s.index(slot).load(a_l)
@@ -352,16 +367,6 @@ def _issue_gemm2_copies(
 
 
 @gluon.jit
-def _quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
-    """Quarter Q of one weight matrix's K step: decode, issue the wgmma, wait until at most LOOKAHEAD are in
-    flight."""
-    a = _decode(pw, sw, Q)
-    acc = warpgroup_mma(a, xq, acc, is_async=True)
-    acc, a = warpgroup_mma_wait(num_outstanding=LOOKAHEAD, deps=(acc, a))
-    return acc
-
-
-@gluon.jit
 def nvfp4_moe_gemm2_gluon_kernel(
     h_ptr,  # [P, I] bf16 from gemm1 (the kernel_wgmma K order)
     w_ptr,  # [E, H, I/4] int16, packed codes (kernel_wgmma layout)
@@ -393,7 +398,6 @@ def nvfp4_moe_gemm2_gluon_kernel(
     if expert >= 0:
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _MMA
-        a_l: gl.constexpr = _A
         w_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
         s_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -434,12 +438,9 @@ def nvfp4_moe_gemm2_gluon_kernel(
                                     k_steps, k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok,
                                     BLOCK_N, BLOCK_K)  # fmt: skip
             cp.commit_group()
-            pw = w_s.index(slot).load(a_l)
-            sw = _operand_scales(s_s.index(slot), BLOCK_N, QK, a_l)
-            acc = _quarter(pw, sw, x0_s.index(slot).permute((1, 0)), acc, 0, LOOKAHEAD)
-            acc = _quarter(pw, sw, x1_s.index(slot).permute((1, 0)), acc, 1, LOOKAHEAD)
-            acc = _quarter(pw, sw, x2_s.index(slot).permute((1, 0)), acc, 2, LOOKAHEAD)
-            acc = _quarter(pw, sw, x3_s.index(slot).permute((1, 0)), acc, 3, LOOKAHEAD)
+            acc = _matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
+                                 x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),
+                                 x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, LOOKAHEAD)  # fmt: skip
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
                 n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
