@@ -625,8 +625,8 @@ def _with_shared(
     v: KernelVariant, kernel: str, target: GpuTarget, trials: list[tuple[GemmConfig, GemmConfig, int]]
 ) -> list[tuple[GemmConfig, int]]:
     """(trial, its shared bytes) for each (trial, the tile it came from, that tile's shared bytes), once each: a trial
-    of the same tile takes its shared memory; another (the Gluon gemm1's tile) is checked on its own, and dropped if
-    it does not fit."""
+    of the same tile takes its shared memory; another (one of the Gluon gemm1's tiles) is checked on its own, and
+    dropped if it does not fit."""
     out: dict[GemmConfig, int] = {}
     fits: dict[GemmConfig, int | None] = {}  # per tile: a plan changes no shared memory
     for trial, tile, shared in trials:

@@ -34,6 +34,9 @@ class GemmConfig:
     # variants.w4a16 only: the Gluon kernel where it runs (variants/w4a16_gluon.py: sm_90), else the Triton one with
     # the same tile and plan
     gluon: bool = False
+    # the Gluon gemm1 only: a K step's gate quarters, then up's (one matrix's packed words in registers at a time);
+    # the same sums in the same order, so the same bits; the Triton kernels ignore it
+    gate_then_up: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -67,6 +70,8 @@ class GemmConfig:
                 "GemmConfig: the Gluon kernels take 16 rows, 4 warps (one warpgroup: block_n a multiple of 64), "
                 f"block_k >= 128, 2 or more stages and no stream-K schedule, got {self}"
             )
+        if self.gate_then_up and not self.gluon:
+            raise ValueError(f"GemmConfig: gate_then_up orders the Gluon gemm1's wgmmas (needs gluon=True), got {self}")
 
     @property
     def has_plan(self) -> bool:
@@ -83,20 +88,20 @@ class GemmConfig:
         split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
         if self.stream:
             split = f"-sk{self.stream}"
-        form = "-gl" if self.gluon else ""
+        form = ("-gl" if self.gluon else "") + ("-gu" if self.gate_then_up else "")
         return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}{form}"
 
     @classmethod
     def from_label(cls, label: str) -> GemmConfig:
         """The config of ``label`` ("16x128x256-w4-s3", with "-k2", "-p1" or "-sk2" for a fixed split, plan or stream-K
-        schedule, then "-gl" for the Gluon kernels)."""
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?", label)
+        schedule, then "-gl" for the Gluon kernels and "-gu" for gemm1's gate-then-up order)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?(-gu)?", label)
         if m is None:
-            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl], got {label!r}")
-        *sizes, gluon = m.groups()
+            raise ValueError(f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl][-gu], got {label!r}")
+        *sizes, gluon, gate_then_up = m.groups()
         block_m, block_n, block_k, warps, stages, split_k, per_sm, stream = (int(v) if v else 0 for v in sizes)
         return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm, stream=stream,
-                   gluon=bool(gluon))  # fmt: skip
+                   gluon=bool(gluon), gate_then_up=bool(gate_then_up))  # fmt: skip
 
     def as_dict(self) -> dict[str, int]:
         d = {
@@ -114,6 +119,8 @@ class GemmConfig:
             d["stream"] = self.stream
         if self.gluon:
             d["gluon"] = True
+        if self.gate_then_up:
+            d["gate_then_up"] = True
         return d
 
 

@@ -28,17 +28,22 @@ def test_compiles_for_sm90_with_async_wgmma():
     # In worker processes (sglang_glm5.aot): kernels imported under the interpreter do not compile reliably.
     two = w4a16_gluon.TWO_STAGE_TILE.label
     forms = [("gemm1", 1, False, w4a16_gluon.TILE.label), ("gemm1", 4, True, w4a16_gluon.TILE.label),
-             ("gemm1", 3, True, two), ("gemm2", 1, True, w4a16_gluon.GEMM2_TILE.label),
+             ("gemm1", 3, True, two), ("gemm1", 3, True, w4a16_gluon.GATE_THEN_UP_TILE.label),
+             ("gemm2", 1, True, w4a16_gluon.GEMM2_TILE.label),
              ("gemm2", 3, False, w4a16_gluon.GEMM2_TILE.label)]  # fmt: skip
     jobs = [[90, s, p, tile, k] for k, s, p, tile in forms]
     results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
     limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
-    for (kernel, splits, pdl, _), got in zip(forms, results, strict=True):
+    for (kernel, splits, pdl, tile), got in zip(forms, results, strict=True):
         assert isinstance(got, dict), got
         assert 0 < got["shared"] <= limit
         assert got["wgmma"] and got["cp_async"]
         assert got["gdc_wait"] is pdl and got["gdc_launch"] is pdl
         assert got["atomic"] is (kernel == "gemm1" and splits > 1), "gemm1's split counter, and only there"
+        gate_then_up = tile == w4a16_gluon.GATE_THEN_UP_TILE.label
+        assert got["maxnreg"] == (w4a16_gluon.REGISTER_CAP if gate_then_up else None), "four 2-stage programs an SM"
+        if tile.split("-s")[1].startswith("2") and kernel == "gemm1":
+            assert got["shared"] == 53248, "the 2-stage tile's shared memory: four programs fit an H200 SM"
 
 
 def test_label_says_gluon_and_round_trips():
@@ -52,6 +57,21 @@ def test_label_says_gluon_and_round_trips():
             GemmConfig(*bad, gluon=True)
     with pytest.raises(ValueError, match="stream-K"):
         dataclasses.replace(w4a16_gluon.TILE, stream=2)
+    order = dataclasses.replace(w4a16_gluon.GATE_THEN_UP_TILE, programs_per_sm=3)
+    assert order.label == "16x64x256-w4-s2-p3-gl-gu"
+    assert GemmConfig.from_label(order.label) == order and GemmConfig(**order.as_dict()) == order
+    assert order.without_plan() == w4a16_gluon.GATE_THEN_UP_TILE, "the order is the kernel's form, kept"
+    with pytest.raises(ValueError, match="gate_then_up"):
+        GemmConfig.from_label("16x64x256-w4-s2-gu")  # an order of the Gluon kernel's wgmmas only
+    with pytest.raises(ValueError, match="config label"):
+        GemmConfig.from_label("16x64x256-w4-s2-gu-gl")
+
+
+def test_gemm2_refuses_the_gate_then_up_order():
+    # gemm2 has one weight matrix: a config asking for gemm1's order there is a mistake, not a no-op
+    with pytest.raises(ValueError, match="gate_then_up orders gemm1"):
+        w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 2048, 1, 2048, "gemm2", "I")
+    w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 6144, 1, 6144, "gemm1", "H")
 
 
 def test_applies_only_where_it_runs(monkeypatch):
@@ -85,7 +105,7 @@ EP8 = MoeShape(num_experts=32, hidden=6144, inter=2048, global_experts=256)  # G
 H200 = 132  # SMs
 
 
-# (bucket of tokens per expert, whether the Gluon tile is offered, whether with other split plans)
+# (bucket of tokens per expert, whether the Gluon tiles are offered, whether with other split plans)
 OFFERS = [
     (Fraction(1, 32), True, True),  # GLM-5 B = 1: split plans of the Gluon tile
     (Fraction(1, 4), True, True),
@@ -130,7 +150,7 @@ def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device)
     x = torch.randn(3, 512, generator=gen).bfloat16()
     weights, ids = random_routing(3, 8, 4, gen)
     tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=1)
-    plain = dataclasses.replace(tile, gluon=False)
+    plain = dataclasses.replace(tile, gluon=False, gate_then_up=False)
     got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(tile, tile), num_global_experts=64)
     want = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(plain, plain), num_global_experts=64)
     assert torch.equal(got, want)
@@ -187,11 +207,12 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gemm1, 
     calls = []
     for name in ("launch", "launch_gemm2"):
         launch = getattr(w4a16_gluon, name)
-        monkeypatch.setattr(w4a16_gluon, name, lambda *a, _f=launch, _n=name, **k: calls.append((_n, k["splits"]))
-                            or _f(*a, **k))  # fmt: skip
+        monkeypatch.setattr(w4a16_gluon, name, lambda *a, _f=launch, _n=name, **k: calls.append((_n, k["splits"],
+                            k["tile"])) or _f(*a, **k))  # fmt: skip
     out = moe.fused_moe(*args, **kw)
-    assert [n for n, _ in calls] == ["launch", "launch_gemm2"], "the op must have taken both Gluon GEMMs"
+    assert [c[0] for c in calls] == ["launch", "launch_gemm2"], "the op must have taken both Gluon GEMMs"
     assert (calls[0][1] > 1) is (per_sm > 0), "gemm1 split as asked"
+    assert calls[0][2].without_plan() == gemm1, "gemm1 launched with the config's tile and order"
     monkeypatch.setenv("SGLANG_GLM5_GLUON_GEMM1", "0")
     calls.clear()
     off = moe.fused_moe(*args, **kw)
@@ -204,13 +225,11 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gemm1, 
         assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
 
 
-@pytest.mark.parametrize("gate_then_up", [False, True])  # the order of a K step's wgmmas
-@pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)
+@pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)  # both orders of the wgmmas
 @pytest.mark.parametrize("splits", [1, 3])
-def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gate_then_up, gen, device, monkeypatch):
+def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, device, monkeypatch):
     # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
     _gpu_case(device, monkeypatch)
-    monkeypatch.setattr(w4a16_gluon, "GATE_THEN_UP", gate_then_up)
 
     layer = random_layer(8, 1536, 256, gen)
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
@@ -225,7 +244,7 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gate_then
     h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
     h_gluon = torch.zeros_like(h_triton)
     launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
-    triton_tile = dataclasses.replace(tile, gluon=False)
+    triton_tile = dataclasses.replace(tile, gluon=False, gate_then_up=False)
     w4a16.launch_gemm1(*args, h_triton, triton_tile, 4, *bundle.gate_up_rows, False, launch=launch,
                        counters=counters, layout=bundle.layout)  # fmt: skip
     w4a16_gluon.launch(*args, h_gluon, 4, *bundle.gate_up_rows, splits=k_splits[0], k_per_split=k_splits[1],

@@ -10,13 +10,14 @@ Usage: python bench/exp/gluon_tune.py OUT_DIR
 
 import os
 import sys
+from fractions import Fraction
 
 from sglang_glm5 import cli
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16, w4a16_gluon
 
 SHAPES = os.environ.get("TUNE_SHAPES", "glm5-ep8,glm5-tp8").split(",")
-BATCHES = os.environ.get("TUNE_BATCHES", ",".join([f"{b}/32" for b in range(1, 17)] + ["1", "2"]))
+BATCHES = os.environ.get("TUNE_BATCHES", ",".join([f"{b}/32" for b in range(1, 17)] + ["1", "2", "4", "8"]))
 
 
 def tiles(name: str) -> tuple[GemmConfig, ...]:
@@ -28,7 +29,7 @@ def tiles(name: str) -> tuple[GemmConfig, ...]:
 
 if __name__ == "__main__":
     w4a16_gluon.TILES.update({name: tiles(name) for name in ("gemm1", "gemm2")})
-    w4a16.GLUON_MAX_BUCKET = float(os.environ.get("GLUON_BUCKET", w4a16.GLUON_MAX_BUCKET))
+    w4a16.GLUON_MAX_BUCKET = Fraction(os.environ.get("GLUON_BUCKET", str(w4a16.GLUON_MAX_BUCKET)))
     print("Gluon tiles:", {k: [t.label for t in v] for k, v in w4a16_gluon.TILES.items()},
           "up to", w4a16.GLUON_MAX_BUCKET, "tokens per expert", flush=True)  # fmt: skip
     rc = 0

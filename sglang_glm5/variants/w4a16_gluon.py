@@ -15,6 +15,7 @@ TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's 
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -24,28 +25,30 @@ from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig, k_splits_cover
 
 # The tiles the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x TILE's time,
-# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x. TWO_STAGE_TILE: 53248 B and 163 registers against TILE's
-# 79872 B and 193 (sm_90 AOT, Triton 3.6), so three programs per SM instead of two; in the tune of run 31 it won
-# gemm1 at most GLM-5 decode steps, B = 128 and 256 included (0.90-0.99x the op); 16x64x128-w4-s4 (112 registers,
-# four per SM) took 1.5x its time.
+# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x. TWO_STAGE_TILE: 53248 B and 163-168 registers against TILE's
+# 79872 B and 193-194 (sm_90 AOT, Triton 3.6), so three programs per SM instead of two; in the tune of run 31 it won
+# gemm1 at most of the GLM-5 decode steps tuned, B = 128 and 256 included (0.90-0.99x the op); 16x64x128-w4-s4 (112
+# registers, four per SM) took 1.24-1.58x its time. Under Triton 3.8 its split forms take 188 registers (two per SM;
+# a 168 cap compiles without spills, AOT), not measured on a GPU.
+# GATE_THEN_UP_TILE: the 2-stage tile with gemm1's gate-then-up order (``GemmConfig.gate_then_up``: one matrix's
+# packed words and scale codes in registers at a time), 123-128 registers, so four programs per SM (sm_90 AOT, Triton
+# 3.6). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). With every Gluon gemm1 entry of run 31's h200
+# cache (splits tuned at three per SM) in this order the op took 0.96-1.17x the time (bench/README.md, run 31): a
+# tuner candidate with its own split plans, in no shipped entry yet.
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
+GATE_THEN_UP_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True, gate_then_up=True)
 # gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
 # 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
 # decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
 # never past the tuner's margin (bench/README.md, run 31): not offered.
-TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE), "gemm2": ()}
+TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
-# gemm1: a K step's four gate quarters, then up's, rather than each quarter's gate and up: one matrix's packed words
-# and scale codes in registers at a time (sm_90 AOT, 16x64x256-w4-s2: 123-128 registers against 163, Triton 3.6, so
-# four programs per SM). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). Off: the op with the h200
-# cache (its splits tuned at three per SM) took 0.96-1.17x the time, faster at EP8 B = 3, 8, 64 and TP8 B = 64-128,
-# slower at most other steps (bench/README.md, run 31)
-GATE_THEN_UP = False
-# gemm1 tiles of 64 rows are compiled for at most 128 registers, so that four 2-stage programs fit an SM (65536
-# registers, 128 threads each): Triton 3.8 gives the split form 129 otherwise (ptxas: no spills at 128)
+# 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
+# programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
+# otherwise (ptxas: no spills at 128, Triton 3.6 and 3.8)
 REGISTER_CAP = 128
 
 
@@ -113,7 +116,7 @@ def launch(
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead,
-        GATE_THEN_UP=GATE_THEN_UP, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
 
@@ -143,12 +146,15 @@ def launch_gemm2(
 
 def _register_cap(kernel: str, tile: GemmConfig) -> dict:
     """The compile option that caps a gemm1 tile's registers (REGISTER_CAP), if any."""
-    return {"maxnreg": REGISTER_CAP} if kernel == "gemm1" and GATE_THEN_UP and tile.block_n == 64 else {}
+    capped = kernel == "gemm1" and tile.gate_then_up and tile.block_n == 64 and tile.num_stages == 2
+    return {"maxnreg": REGISTER_CAP} if capped else {}
 
 
 def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, kernel: str, k_name: str) -> None:
     if not tile.gluon:  # GemmConfig refuses a Gluon config the kernels cannot run
         raise ValueError(f"gluon {kernel}: expected a config marked gluon, got {tile.label}")
+    if tile.gate_then_up and kernel != "gemm1":
+        raise ValueError(f"gluon {kernel}: gate_then_up orders gemm1's two matrices, got {tile.label}")
     if k_size % tile.block_k or not k_splits_cover(k_size, tile.block_k, splits, k_per_split):
         raise ValueError(f"gluon {kernel}: {splits} splits of {k_per_split} must cover {k_name} = {k_size} in whole K "
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
@@ -160,7 +166,8 @@ def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: s
     compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel)
     ptx = compiled.asm["ptx"]
     found = {name: text in ptx for name, text in PTX_MARKS.items()}
-    return {"shared": compiled.metadata.shared, **found}
+    cap = re.search(r"^\s*\.maxnreg\s+(\d+)", ptx, re.M)
+    return {"shared": compiled.metadata.shared, "maxnreg": cap and int(cap.group(1)), **found}
 
 
 # What ``aot_job`` looks for in the PTX.
@@ -190,7 +197,7 @@ def aot(
     consts = {"BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "STAGES": tile.num_stages, "LOOKAHEAD": lookahead,
               "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
-        consts["GATE_THEN_UP"] = GATE_THEN_UP
+        consts["GATE_THEN_UP"] = tile.gate_then_up
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
