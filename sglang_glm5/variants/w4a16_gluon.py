@@ -14,6 +14,7 @@ TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -37,7 +38,7 @@ from sglang_glm5.tiles import GemmConfig, k_splits_cover
 # tuner candidate with its own split plans, in no shipped entry yet.
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
-GATE_THEN_UP_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True, gate_then_up=True)
+GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
 # gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
 # 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
