@@ -34,8 +34,9 @@ from sglang_glm5.tiles import GemmConfig, k_splits_cover
 # GATE_THEN_UP_TILE: the 2-stage tile with gemm1's gate-then-up order (``GemmConfig.gate_then_up``: one matrix's
 # packed words and scale codes in registers at a time), 123-128 registers, so four programs per SM (sm_90 AOT, Triton
 # 3.6). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). With every Gluon gemm1 entry of run 31's h200
-# cache (splits tuned at three per SM) in this order the op took 0.96-1.17x the time (bench/README.md, run 31): a
-# tuner candidate with its own split plans, in no shipped entry yet.
+# cache (splits tuned at three per SM) in this order the op took 0.96-1.17x the time (bench/README.md, run 31); tuned
+# with its own split plans (6-8 programs per SM at GLM-5 EP8 B = 6-16) it won the op 1-9% at EP8 B = 6-11, 14-16
+# and 64 and TP8 B = 3, 5, 9, 10, 16 and 64, where the h200 cache takes it (run 32).
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
 GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
