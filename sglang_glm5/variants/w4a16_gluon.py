@@ -8,8 +8,9 @@ so the tuner, the cache and the op agree. The tuner offers ``TILES`` with their 
 where they run (``runs_on``), beside the Triton tiles. H200, GLM-5, the whole op at real routing with the tuner's Gluon
 gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8 B = 1-8 0.92-0.94x, B = 32 0.95x,
 TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's cache on the same routings) EP8 B = 2-4
-0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x. The Gluon gemm2 runs correctly on the H200
-(tests/test_gluon.py) but lost to the Triton gemm2 at every decode step: not offered.
+0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x; with the gate-then-up order as well (run
+32, against run 31's cache) EP8 B = 8, 16, 64 0.97-0.98x, TP8 B = 16, 64 0.96-0.98x. The Gluon gemm2 runs correctly on
+the H200 (tests/test_gluon.py) but lost to the Triton gemm2 at every decode step, B = 1-256: not offered.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
 # decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
-# never past the tuner's margin (bench/README.md, run 31): not offered.
+# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.17x at B = 128 and 256 (run 32): not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
