@@ -36,8 +36,8 @@ from sglang_glm5.tiles import GemmConfig, k_splits_cover
 # packed words and scale codes in registers at a time), 123-128 registers, so four programs per SM (sm_90 AOT, Triton
 # 3.6). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). With every Gluon gemm1 entry of run 31's h200
 # cache (splits tuned at three per SM) in this order the op took 0.96-1.17x the time (bench/README.md, run 31); tuned
-# with its own split plans (6-8 programs per SM at GLM-5 EP8 B = 6-16) it won the op 1-9% at EP8 B = 6-11, 14-16
-# and 64 and TP8 B = 3, 5, 9, 10, 16 and 64, where the h200 cache takes it (run 32).
+# with its own split plans (mostly 6-8 programs per SM at GLM-5 EP8) it won the op 1-6% at EP8 B = 6-11, 14-16 and
+# 64 and TP8 B = 3, 5, 9, 10, 16 and 64, where the h200 cache takes it (run 32).
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
 GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
@@ -46,7 +46,7 @@ GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
 # decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
-# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.17x at B = 128 and 256 (run 32): not offered.
+# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32): not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
