@@ -175,13 +175,6 @@ def let_next_launch(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """A hint to the memory system: bring the L2 line holding each address in from DRAM (``prefetch.global.L2``;
-    no register, no shared memory, no effect on any result). Not in the interpreter (no inline PTX there)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
     sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1, 2)
@@ -728,26 +721,12 @@ def nvfp4_moe_gemm2_kernel(
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
     HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
-    PREFETCH: tl.constexpr = 0,  # steps of weights prefetched to L2 ahead of the K loop (0: none; not BLOCK_LOOP)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
-    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other.
-
-    With PREFETCH the program prefetches its first PREFETCH steps' weights to L2 before it waits for gemm1 (PDL), and
-    in the loop the step PREFETCH ahead: the weights do not depend on gemm1, and the block's expert was written by
-    the routing launch, which finished before gemm1 let this launch start (a prefetch of a wrong address would cost
-    bandwidth, never a result)."""
-    if PREFETCH > 0 and not BLOCK_LOOP and not INTERPRETER:
-        expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
-        if expert >= 0:
-            k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
-            for step in tl.static_range(PREFETCH):
-                _gemm2_prefetch(w_ptr, ws_ptr, expert, step, _pid(1, BLOCKS_LAST), k_begin, k_end, hidden_size,
-                                inter_size, stride_we, stride_wn, stride_se, stride_sn, BLOCK_N, BLOCK_K, MULTI_TILE,
-                                BLOCKS_LAST)  # fmt: skip
+    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
     after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
@@ -755,7 +734,7 @@ def nvfp4_moe_gemm2_kernel(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES, 0,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -765,7 +744,6 @@ def nvfp4_moe_gemm2_kernel(
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
                 BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
-                PREFETCH if not INTERPRETER else 0,
             )  # fmt: skip
 
 
@@ -777,10 +755,9 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
-    """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2); with PREFETCH each step
-    prefetches the weights of the step PREFETCH ahead to L2 (the kernel prefetched the first ones)."""
+    """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = _pid(1, BLOCKS_LAST)
     k_begin, k_end = _split_range(inter_size, k_per_split, SPLITS > 1, BLOCKS_LAST)
     if SPLITS > 1:
@@ -801,10 +778,6 @@ def _gemm2_block(
         acc_a = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         acc_b = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            if PREFETCH > 0:
-                _gemm2_prefetch(w_ptr, ws_ptr, expert, (k0 - k_begin) // BLOCK_K + PREFETCH, pid_n, k_begin, k_end,
-                                hidden_size, inter_size, stride_we, stride_wn, stride_se, stride_sn, BLOCK_N, BLOCK_K,
-                                MULTI_TILE, BLOCKS_LAST)  # fmt: skip
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
             acc_a = _nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
                                INTERPRETER)  # fmt: skip
@@ -818,10 +791,6 @@ def _gemm2_block(
         w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            if PREFETCH > 0:
-                _gemm2_prefetch(w_ptr, ws_ptr, expert, (k0 - k_begin) // BLOCK_K + PREFETCH, pid_n, k_begin, k_end,
-                                hidden_size, inter_size, stride_we, stride_wn, stride_se, stride_sn, BLOCK_N, BLOCK_K,
-                                MULTI_TILE, BLOCKS_LAST)  # fmt: skip
             h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
             acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         let_next_launch(PDL)
@@ -833,10 +802,6 @@ def _gemm2_block(
         tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(0, my_tiles * k_steps):
-            if PREFETCH > 0:
-                _gemm2_prefetch(w_ptr, ws_ptr, expert, step + PREFETCH, pid_n, 0, inter_size, hidden_size, inter_size,
-                                stride_we, stride_wn, stride_se, stride_sn, BLOCK_N, BLOCK_K, MULTI_TILE,
-                                BLOCKS_LAST)  # fmt: skip
             kk = step % k_steps
             offs_n, n_ok, offs_n_safe = tile_columns(pid_n + (step // k_steps) * programs, hidden_size, BLOCK_N)
             w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se,
@@ -849,30 +814,6 @@ def _gemm2_block(
             if kk == k_steps - 1:
                 _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
         let_next_launch(PDL)
-
-
-@triton.jit
-def _gemm2_prefetch(
-    w_ptr, ws_ptr, expert, step, pid_n, k_begin, k_end, hidden_size, inter_size, stride_we, stride_wn, stride_se,
-    stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MULTI_TILE: tl.constexpr, BLOCKS_LAST: tl.constexpr,
-):  # fmt: skip
-    """L2 prefetch of the weights of the program's step ``step``: K step k_begin + step * BLOCK_K of its tile, or with
-    MULTI_TILE (tile, K step) step ``step`` of its walk; nothing past the program's last step."""
-    if MULTI_TILE:
-        k_steps = tl.cdiv(inter_size, BLOCK_K)
-        tile = pid_n + (step // k_steps) * _nprog(1, BLOCKS_LAST)
-        k0 = (step % k_steps) * BLOCK_K
-        ok = tile * BLOCK_N < hidden_size
-    else:
-        tile = pid_n
-        k0 = k_begin + step * BLOCK_K
-        ok = k0 < k_end
-    if ok:
-        _, _, rows = tile_columns(tile, hidden_size, BLOCK_N)
-        w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert.to(tl.int64), rows, stride_we, stride_wn, stride_se,
-                                     stride_sn)  # fmt: skip
-        prefetch_l2(w_rows + k0 // 4)
-        prefetch_l2(s_rows + k0 // 16)
 
 
 @triton.jit

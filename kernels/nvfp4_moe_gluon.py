@@ -49,8 +49,6 @@ _MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 
 _A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
 # Copies of the scale codes: 16 bytes (one row's K step) a thread.
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
-# L2 prefetches of [2, BLOCK_N] rows (gate and up): a row a thread for BLOCK_N = 64.
-_PREFETCH = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))
 
 
 @gluon.constexpr_function
@@ -74,21 +72,6 @@ def _griddepcontrol(WAIT: gl.constexpr):
     else:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _prefetch_l2(ptrs):
-    """A hint to the memory system: bring the L2 line holding each address in from DRAM (``prefetch.global.L2``;
-    no register, no shared memory, no effect on any result)."""
-    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_step(w_pf, s_pf, k0):
-    """L2 prefetch of K step k0 of the rows ``w_pf`` (packed words, int16 pointers) and ``s_pf`` (scale codes): one
-    line of words a row for BLOCK_K = 256 (128 bytes), and the line holding the step's scale codes."""
-    _prefetch_l2(w_pf + k0 // 4)
-    _prefetch_l2(s_pf + k0 // 16)
 
 
 @gluon.jit
@@ -244,7 +227,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
     GATE_THEN_UP: gl.constexpr,  # a K step's four gate quarters, then up's (else each quarter's gate and up)
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
-    PREFETCH: gl.constexpr = 0,  # K steps past the copy ring whose weights are prefetched to L2 (0: none)
 ):  # fmt: skip
     """Grid (blocks, N tiles, SPLITS), 4 warps (one warp group)."""
     BLOCK_M: gl.constexpr = 16
@@ -288,16 +270,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
                 _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
                                     wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
-        if PREFETCH > 0:  # steps STAGES - 1 .. STAGES - 2 + PREFETCH now, then one a step PREFETCH ahead of the ring
-            rows_p = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, _PREFETCH))
-            rows_p = gl.where(rows_p < inter_size, rows_p, 0)
-            row0_p = gate_row0 + gl.arange(0, 2, layout=gl.SliceLayout(1, _PREFETCH)) * (up_row0 - gate_row0)
-            rows_p = (row0_p[:, None] + rows_p[None, :]).to(gl.int64)
-            w_pf = w_ptr + e64 * stride_we + rows_p * stride_wn
-            s_pf = ws_ptr + e64 * stride_se + rows_p * stride_sn
-            for j in gl.static_range(PREFETCH):
-                if STAGES - 1 + j < steps:
-                    _prefetch_step(w_pf, s_pf, k_begin + (STAGES - 1 + j) * BLOCK_K)
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -311,9 +283,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
                                     s_cols, x_ok, QK)  # fmt: skip
             cp.commit_group()
-            if PREFETCH > 0:
-                if nxt + PREFETCH < steps:
-                    _prefetch_step(w_pf, s_pf, k_begin + (nxt + PREFETCH) * BLOCK_K)
             if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
                 x0 = x0_s.index(slot).permute((1, 0))
                 x1 = x1_s.index(slot).permute((1, 0))

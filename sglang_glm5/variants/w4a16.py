@@ -184,7 +184,6 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     }  # fmt: skip
     if kernel == "gemm2":
         consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
-        consts["PREFETCH"] = 0  # L2 prefetches: no shared memory
     else:
         consts["STREAM"] = False  # the stream-K schedule (a form sets it)
     consts.update(form or FORMS[kernel][0])
@@ -292,7 +291,6 @@ STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
-GEMM2_PREFETCH = 0  # gemm2's K steps of weights prefetched to L2 ahead of its loop (0: none)
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -648,7 +646,6 @@ def launch_gemm2(
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
-        PREFETCH=0 if interpret else GEMM2_PREFETCH,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,

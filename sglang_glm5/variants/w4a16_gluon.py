@@ -49,7 +49,6 @@ GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32): not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
-PREFETCH = 0  # gemm1's K steps past the copy ring prefetched to L2 (0: none)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
 # programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
 # otherwise (ptxas: no spills at 128, Triton 3.6 and 3.8)
@@ -95,7 +94,7 @@ def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
     *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
-    lookahead: int = LOOKAHEAD, prefetch: int | None = None,
+    lookahead: int = LOOKAHEAD,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
@@ -120,8 +119,8 @@ def launch(
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead,
-        GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl, PREFETCH=PREFETCH if prefetch is None else prefetch,
-        num_warps=tile.num_warps, launch_pdl=pdl, **_register_cap("gemm1", tile),
+        GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        **_register_cap("gemm1", tile),
     )  # fmt: skip
 
 
@@ -187,7 +186,7 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "stride_gse", "stride_gsg", "gate_row0",
 
 def aot(
     arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD,
-    kernel: str = "gemm1", prefetch: int = 0,
+    kernel: str = "gemm1",
 ):  # fmt: skip
     """Triton's ahead-of-time compile of ``kernel`` for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
     process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
@@ -202,7 +201,6 @@ def aot(
               "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
         consts["GATE_THEN_UP"] = tile.gate_then_up
-        consts["PREFETCH"] = prefetch
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
