@@ -1,8 +1,9 @@
 """Experiment: how fast the W4A16 GEMMs decode when memory is not the limit.
 
 One GLM-5 EP8 expert (H = 6144, I = 2048: 14.2 MB of gemm1 codes and scales, 7.1 MB of gemm2's) with T tokens all
-routed to it (top_k 1), so each of T / 16 routing blocks decodes the whole expert. "hot": every call on the same layer
-(its weights stay in L2, 50 MB on an H200); "cold": round-robin over COPIES copies (past L2). Per-kernel device times
+routed to it (top_k 1), so each of T / 16 routing blocks decodes the whole expert and, past the first blocks to run,
+reads it from L2 (50 MB on an H200). "hot": every call on the same layer; "cold": round-robin over COPIES copies, so
+that each call's first reads come from DRAM (on the H200 the two measured the same). Per-kernel device times
 from CUDA-graph replays; decoded bytes per second = blocks x the expert's bytes / kernel time, against the device copy
 bandwidth measured in the same run. The hot rate is the kernels' decode ceiling on this GPU.
 Usage: python bench/exp/decode_ceiling.py OUT_DIR   (EXP_TOKENS, default 512; EXP_TILES, default the decode tiles)
@@ -21,7 +22,8 @@ from sglang_glm5.moe import fused_moe
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
-H, INTER = 6144, 2048
+LAYOUT = bench_real.LAYOUTS["ep8"]
+H, INTER = LAYOUT.hidden, LAYOUT.inter
 TOKENS = int(os.environ.get("EXP_TOKENS", "512"))
 COPIES = 16
 TILES = [t.split("/") for t in os.environ.get(
@@ -36,10 +38,9 @@ if __name__ == "__main__":
     x = torch.randn(TOKENS, H, generator=gen, device="cuda").bfloat16()
     ids = torch.zeros(TOKENS, 1, dtype=torch.int32, device="cuda")
     w = torch.rand(TOKENS, 1, generator=gen, device="cuda")
-    blocks = TOKENS // 16
     bytes1 = 2 * INTER * (H // 2 + H // 16)  # one expert's gemm1 codes and scales
     bytes2 = H * (INTER // 2 + INTER // 16)
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {TOKENS} tokens, {blocks} blocks; expert {bytes1 / 1e6:.1f} + "
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {TOKENS} tokens; expert {bytes1 / 1e6:.1f} + "
           f"{bytes2 / 1e6:.1f} MB")  # fmt: skip
     rows = []
     for g1, g2 in TILES:
@@ -51,8 +52,9 @@ if __name__ == "__main__":
                     fused_moe(x, layers[i % copies], w, ids, config=cfg, check_ids=False, num_global_experts=1)
 
             us = kernel_us(fn, COPIES)
-            r1 = blocks * bytes1 / (us["gemm1"] * 1e-6)
-            r2 = blocks * bytes2 / (us["gemm2"] * 1e-6)
+            # each routing block of a GEMM decodes the whole expert once
+            r1 = TOKENS // cfg.gemm1.block_m * bytes1 / (us["gemm1"] * 1e-6)
+            r2 = TOKENS // cfg.gemm2.block_m * bytes2 / (us["gemm2"] * 1e-6)
             rows.append({"gemm1": g1, "gemm2": g2, "mode": name, "kernels_us": us, "gemm1_Bps": r1, "gemm2_Bps": r2})
             print(
                 f"{g1:>22s} {g2:>18s} {name:4s}: gemm1 {us['gemm1']:7.1f} us {r1 / 1e12:5.2f} TB/s "
