@@ -44,17 +44,31 @@ from sglang_glm5.kernels.nvfp4_moe import decode_ptx
 _PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
 # A CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7.
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-# One warp group's wgmma on [rows, 16 pairs] accumulators, and its register operand (the decoded weights).
-_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16]))
-_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
-# Copies of the scale codes: 16 bytes (one row's K step) a thread.
-_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0]))
 
 
 @gluon.constexpr_function
-def _copy_layout(qk):
+def _mma_layout(block_m, warps):
+    """The wgmma accumulators [weight rows, block_m pairs]: ``warps`` / 4 warp groups stacked along the weight rows,
+    64 rows each, one wgmma of N = block_m pairs."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16])
+
+
+@gluon.constexpr_function
+def _operand_layout(block_m, warps):
+    """The wgmma's register operand (the decoded weights) for ``_mma_layout(block_m, warps)``."""
+    return gl.DotOperandLayout(operand_index=0, parent=_mma_layout(block_m, warps), k_width=2)
+
+
+@gluon.constexpr_function
+def _scale_copy_layout(warps):
+    """Copies of the scale codes: 16 bytes (one row's K step) a thread."""
+    return gl.BlockedLayout([1, 16], [32, 1], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _copy_layout(qk, warps):
     """Copies of rows of ``qk`` 16-bit elements: 16 bytes (8 elements) a thread, rows across warps."""
-    return gl.BlockedLayout([1, 8], [32 * 8 // qk, qk // 8], [4, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [32 * 8 // qk, qk // 8], [warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -100,33 +114,34 @@ def _operand_scales(s_slot, BLOCK_N: gl.constexpr, QK: gl.constexpr, a_l: gl.con
 
 
 @gluon.jit
-def _activation_rings(STAGES: gl.constexpr, QK: gl.constexpr):
-    """The four rings of activation quarters, [STAGES, 16, QK] bf16 each (one allocation per quarter: the compiler
-    then sees that a step's copies do not overlap)."""
-    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, QK], gl.bfloat16)
-    return (gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
-            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
-            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl),
-            gl.allocate_shared_memory(gl.bfloat16, [STAGES, 16, QK], x_sl))  # fmt: skip
+def _activation_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, QK: gl.constexpr):
+    """The four rings of activation quarters, [STAGES, BLOCK_M, QK] bf16 each (one allocation per quarter: the
+    compiler then sees that a step's copies do not overlap)."""
+    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QK], gl.bfloat16)
+    return (gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl),
+            gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, QK], x_sl))  # fmt: skip
 
 
 @gluon.jit
-def _activation_rows(act_ptr, sorted_ids_ptr, pid_m, num_pairs, rows_per_pair, stride, QK: gl.constexpr):
-    """Row pointers [16] of routing block pid_m's activations (row = pair // rows_per_pair) and the mask [16, QK] of
-    its real pairs: padding is zero-filled, never read (read, every program would load row 0 at once: an L2 hot
-    spot)."""
-    xc_l: gl.constexpr = _copy_layout(QK)
+def _activation_rows(act_ptr, sorted_ids_ptr, pid_m, num_pairs, rows_per_pair, stride, BLOCK_M: gl.constexpr,
+                     QK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """Row pointers [BLOCK_M] of routing block pid_m's activations (row = pair // rows_per_pair) and the mask
+    [BLOCK_M, QK] of its real pairs: padding is zero-filled, never read (read, every program would load row 0 at
+    once: an L2 hot spot)."""
+    xc_l: gl.constexpr = _copy_layout(QK, WARPS)
     cols = gl.arange(0, QK, layout=gl.SliceLayout(0, xc_l))
-    pair = gl.load(sorted_ids_ptr + pid_m * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, xc_l)))
+    pair = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xc_l)))
     rows = act_ptr + gl.where(pair < num_pairs, pair // rows_per_pair, 0).to(gl.int64) * stride
     return rows, (pair < num_pairs)[:, None] & (cols < QK)[None, :]
 
 
 @gluon.jit
-def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.constexpr):
+def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.constexpr, WARPS: gl.constexpr):
     """cp.async of a K step's four activation quarters into ring slot ``slot``: quarter q is columns
     k0 + 32g + 8q + j of the permuted K order, j < 8 (16 bytes)."""
-    x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, _copy_layout(QK)))
+    x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, _copy_layout(QK, WARPS)))
     pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
     cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
     cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
@@ -140,17 +155,18 @@ def _issue_gemm1_copies(
     slot,  # ring slot
     k0,  # the K step's first column
     wg_rows, wu_rows, sg_rows, su_rows,  # [BLOCK_N] row pointers: packed words, scale codes of gate and up
-    x_rows,  # [16] activation row pointers
+    x_rows,  # [BLOCK_M] activation row pointers
     w_cols, s_cols,  # column offsets of the weight and scale copies
-    x_ok,  # [16, BLOCK_K / 4] real rows
+    x_ok,  # [BLOCK_M, BLOCK_K / 4] real rows
     QK: gl.constexpr,  # packed words a row a K step
+    WARPS: gl.constexpr,
 ):  # fmt: skip
     """cp.async of K step k0 into ring slot ``slot``."""
     cp.async_copy_global_to_shared(wg_s.index(slot), wg_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(wu_s.index(slot), wu_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(sg_s.index(slot), sg_rows[:, None] + (k0 // 16 + s_cols)[None, :])
     cp.async_copy_global_to_shared(su_s.index(slot), su_rows[:, None] + (k0 // 16 + s_cols)[None, :])
-    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK)
+    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK, WARPS)
 
 
 @gluon.jit
@@ -178,11 +194,12 @@ def _quarter(pw, sw, xq, acc, Q: gl.constexpr, LOOKAHEAD: gl.constexpr):
 
 @gluon.jit
 def _matrix_k_step(w_slot, s_slot, x0, x1, x2, x3, acc, BLOCK_N: gl.constexpr, QK: gl.constexpr,
-                   LOOKAHEAD: gl.constexpr):  # fmt: skip
+                   LOOKAHEAD: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
     """One weight matrix's K step from a ring slot (``w_slot``, ``s_slot``; ``x0`` .. ``x3``: the activation
-    quarters, [QK, 16] views): its packed words and scale codes into registers, then the four quarters' wgmmas."""
-    pw = w_slot.load(_A)
-    sw = _operand_scales(s_slot, BLOCK_N, QK, _A)
+    quarters, [QK, BLOCK_M] views): its packed words and scale codes into registers (operand layout ``a_l``), then
+    the four quarters' wgmmas."""
+    pw = w_slot.load(a_l)
+    sw = _operand_scales(s_slot, BLOCK_N, QK, a_l)
     acc = _quarter(pw, sw, x0, acc, 0, LOOKAHEAD)
     acc = _quarter(pw, sw, x1, acc, 1, LOOKAHEAD)
     acc = _quarter(pw, sw, x2, acc, 2, LOOKAHEAD)
@@ -220,7 +237,9 @@ def nvfp4_moe_gemm1_gluon_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0,  # first w13 row of the gate half: 0 ("gate_up") or I ("up_gate")
     up_row0,
-    BLOCK_N: gl.constexpr,  # rows of gate (and of up) a program
+    BLOCK_M: gl.constexpr,  # pairs a routing block (the wgmma's N): 16 at decode, up to 128 at prefill
+    BLOCK_N: gl.constexpr,  # rows of gate (and of up) a program, a multiple of 16 * WARPS
+    WARPS: gl.constexpr,  # the launch's num_warps: WARPS / 4 warp groups stacked along the rows
     BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr,  # copy ring depth
     LOOKAHEAD: gl.constexpr,  # quarters of wgmmas left in flight while the next is decoded
@@ -228,24 +247,23 @@ def nvfp4_moe_gemm1_gluon_kernel(
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
 ):  # fmt: skip
-    """Grid (blocks, N tiles, SPLITS), 4 warps (one warp group)."""
-    BLOCK_M: gl.constexpr = 16
+    """Grid (blocks, N tiles, SPLITS), WARPS warps."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
     pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = _MMA
-        a_l: gl.constexpr = _A
-        wc_l: gl.constexpr = _copy_layout(QK)
-        sc_l: gl.constexpr = _SCALE_COPY
+        mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
+        a_l: gl.constexpr = _operand_layout(BLOCK_M, WARPS)
+        wc_l: gl.constexpr = _copy_layout(QK, WARPS)
+        sc_l: gl.constexpr = _scale_copy_layout(WARPS)
         w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
         s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
         wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
         sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
         su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, QK)
+        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
 
         rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
         rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
@@ -257,7 +275,8 @@ def nvfp4_moe_gemm1_gluon_kernel(
         su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
         w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
         s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-        x_rows, x_ok = _activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, QK)
+        x_rows, x_ok = _activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, BLOCK_M, QK,
+                                        WARPS)  # fmt: skip
 
         k_begin = 0
         k_end = hidden_size
@@ -268,7 +287,8 @@ def nvfp4_moe_gemm1_gluon_kernel(
         for i in gl.static_range(STAGES - 1):
             if i < steps:
                 _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
-                                    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK)  # fmt: skip
+                                    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
+                                    WARPS)  # fmt: skip
             cp.commit_group()
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -281,7 +301,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
             if nxt < steps:
                 _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES,
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
-                                    s_cols, x_ok, QK)  # fmt: skip
+                                    s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
             if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
                 x0 = x0_s.index(slot).permute((1, 0))
@@ -289,9 +309,9 @@ def nvfp4_moe_gemm1_gluon_kernel(
                 x2 = x2_s.index(slot).permute((1, 0))
                 x3 = x3_s.index(slot).permute((1, 0))
                 acc_g = _matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
-                                       LOOKAHEAD)  # fmt: skip
+                                       LOOKAHEAD, a_l)  # fmt: skip
                 acc_u = _matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
-                                       LOOKAHEAD)  # fmt: skip
+                                       LOOKAHEAD, a_l)  # fmt: skip
             else:
                 pg = wg_s.index(slot).load(a_l)
                 pu = wu_s.index(slot).load(a_l)
@@ -343,14 +363,14 @@ def _issue_gemm2_copies(
     pid_n, programs, k_steps, k_begin,
     w_base, s_base,  # the expert's first packed word and scale code
     stride_wn, stride_sn, hidden_size,
-    x_rows, x_ok,  # [16] activation row pointers, [16, BLOCK_K / 4] real rows
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    x_rows, x_ok,  # [BLOCK_M] activation row pointers, [BLOCK_M, BLOCK_K / 4] real rows
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
     """cp.async of one step of gemm2 into ring slot ``slot``."""
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
-    wc_l: gl.constexpr = _copy_layout(QK)
-    sc_l: gl.constexpr = _SCALE_COPY
+    wc_l: gl.constexpr = _copy_layout(QK, WARPS)
+    sc_l: gl.constexpr = _scale_copy_layout(WARPS)
     tile = pid_n + (step // k_steps) * programs
     k0 = k_begin + (step % k_steps) * BLOCK_K
     rows_w = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
@@ -363,7 +383,7 @@ def _issue_gemm2_copies(
     s_rows = s_base + rows_s * stride_sn
     cp.async_copy_global_to_shared(w_s.index(slot), w_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(s_s.index(slot), s_rows[:, None] + (k0 // 16 + s_cols)[None, :])
-    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK)
+    _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK, WARPS)
 
 
 @gluon.jit
@@ -381,30 +401,31 @@ def nvfp4_moe_gemm2_gluon_kernel(
     inter_size,  # I (its K), a multiple of BLOCK_K
     k_per_split,  # K columns per split, a multiple of BLOCK_K (SPLITS > 1)
     stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
-    BLOCK_N: gl.constexpr,  # weight rows (output columns) a tile
+    BLOCK_M: gl.constexpr,  # pairs a routing block (the wgmma's N): 16 at decode, up to 128 at prefill
+    BLOCK_N: gl.constexpr,  # weight rows (output columns) a tile, a multiple of 16 * WARPS
+    WARPS: gl.constexpr,  # the launch's num_warps: WARPS / 4 warp groups stacked along the rows
     BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr,  # copy ring depth
     LOOKAHEAD: gl.constexpr,  # quarters of wgmmas left in flight while the next is decoded
     SPLITS: gl.constexpr,  # grid axis 2 splits K (one N tile a program); the top-k sum adds the partials in order
     PDL: gl.constexpr,  # programmatic dependent launch
 ):  # fmt: skip
-    """Grid (blocks, N programs, SPLITS), 4 warps. Program n computes N tiles n, n + programs, ... in one pipelined
+    """Grid (blocks, N programs, SPLITS), WARPS warps. Program n computes N tiles n, n + programs, ... in one pipelined
     loop over (tile, K step) steps (TP8's I = 256 is one K step: the next tile's copies overlap this one's decode);
     y = W2[e] h * global scale * 2^7 * top-k weight, as ``nvfp4_moe.nvfp4_moe_gemm2_kernel`` computes it."""
-    BLOCK_M: gl.constexpr = 16
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
     pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = _MMA
+        mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
         w_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
         s_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, QK)
+        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
         w_base = w_ptr + e64 * stride_we
         s_base = ws_ptr + e64 * stride_se
-        x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, QK)
+        x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, BLOCK_M, QK, WARPS)
 
         k_begin = 0
         k_end = inter_size
@@ -419,7 +440,7 @@ def nvfp4_moe_gemm2_gluon_kernel(
             if i < steps:
                 _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, i, pid_n, programs, k_steps, k_begin,
                                     w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N,
-                                    BLOCK_K)  # fmt: skip
+                                    BLOCK_K, WARPS)  # fmt: skip
             cp.commit_group()
 
         pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
@@ -436,11 +457,12 @@ def nvfp4_moe_gemm2_gluon_kernel(
             if nxt < steps:
                 _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt, pid_n, programs,
                                     k_steps, k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok,
-                                    BLOCK_N, BLOCK_K)  # fmt: skip
+                                    BLOCK_N, BLOCK_K, WARPS)  # fmt: skip
             cp.commit_group()
             acc = _matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
                                  x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),
-                                 x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, LOOKAHEAD)  # fmt: skip
+                                 x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, LOOKAHEAD,
+                                 _operand_layout(BLOCK_M, WARPS))  # fmt: skip
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
                 n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))

@@ -64,14 +64,22 @@ class GemmConfig:
             )
         if self.stream and (self.split_k or self.programs_per_sm):
             raise ValueError(f"GemmConfig: a stream-K schedule ({self.stream} per SM) has no split plan, got {self}")
-        if self.gluon and (self.stream or self.block_m != 16 or self.num_warps != 4 or self.block_n % 64
-                           or self.block_k < 128 or self.num_stages < 2):  # fmt: skip
+        if self.gluon and not self.gluon_takes:
             raise ValueError(
-                "GemmConfig: the Gluon kernels take 16 rows, 4 warps (one warpgroup: block_n a multiple of 64), "
-                f"block_k >= 128, 2 or more stages and no stream-K schedule, got {self}"
+                "GemmConfig: the Gluon kernels take 16-128 rows, 4 or 8 warps (one or two warp groups: block_n a "
+                f"multiple of 16 * num_warps), block_k >= 128, 2 or more stages and no stream-K schedule, got {self}"
             )
         if self.gate_then_up and not self.gluon:
             raise ValueError(f"GemmConfig: gate_then_up orders the Gluon gemm1's wgmmas (needs gluon=True), got {self}")
+
+    @property
+    def gluon_takes(self) -> bool:
+        """Whether the Gluon kernels (variants/w4a16_gluon.py) can run this tile: up to 128 pairs a block (the wgmma's
+        N), one or two warp groups of 64 weight rows (16 a warp) or a multiple, a K step of 128 or more (whole
+        16-word scale groups), a ring of 2+ stages, no stream-K schedule."""
+        rows = self.block_n % (16 * self.num_warps) == 0
+        return (not self.stream and self.block_m <= 128 and self.num_warps in (4, 8) and rows and self.block_k >= 128
+                and self.num_stages >= 2)  # fmt: skip
 
     @property
     def has_plan(self) -> bool:

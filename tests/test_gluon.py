@@ -51,10 +51,14 @@ def test_label_says_gluon_and_round_trips():
     assert cfg.label == "16x64x256-w4-s3-p1-gl"
     assert GemmConfig.from_label(cfg.label) == cfg and GemmConfig(**cfg.as_dict()) == cfg
     assert cfg.without_plan() == w4a16_gluon.TILE, "the kernel is the config's form, not its plan"
-    # what the kernels cannot run: other rows or warps, under wgmma's 64 rows, a short K step, a ring of one stage
-    for bad in ((32, 64, 256, 4, 3), (16, 32, 256, 4, 3), (16, 64, 64, 4, 3), (16, 64, 256, 4, 1), (16, 64, 256, 8, 3)):
-        with pytest.raises(ValueError, match="16 rows, 4 warps"):
+    # what the kernels cannot run: over 128 rows, under 64 weight rows a warp group (16 a warp), a short K step, a
+    # ring of one stage, warps other than one or two warp groups
+    for bad in ((256, 128, 128, 8, 3), (16, 32, 256, 4, 3), (16, 64, 64, 4, 3), (16, 64, 256, 4, 1),
+                (16, 64, 256, 8, 3), (16, 64, 256, 2, 3)):  # fmt: skip
+        with pytest.raises(ValueError, match="16-128 rows, 4 or 8 warps"):
             GemmConfig(*bad, gluon=True)
+    for good in ((128, 128, 128, 8, 3), (64, 64, 128, 4, 4), (32, 128, 256, 4, 3)):  # prefill and in-between tiles
+        assert GemmConfig(*good, gluon=True).gluon
     with pytest.raises(ValueError, match="stream-K"):
         dataclasses.replace(w4a16_gluon.TILE, stream=2)
     order = dataclasses.replace(w4a16_gluon.GATE_THEN_UP_TILE, programs_per_sm=3)
@@ -111,7 +115,7 @@ OFFERS = [
     (Fraction(1, 4), True, True),
     (1, True, False),  # B = 32: its own tile, unsplit (the blocks fill the GPU)
     (8, True, False),  # B = 256: the last bucket it is offered at (GLUON_MAX_BUCKET)
-    (16, False, False),
+    (16, False, False),  # from here on the leading tile in Gluon instead (prefill_forms)
     (64, False, False),  # chunked prefill, B = 2048
 ]
 
@@ -124,6 +128,10 @@ def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, 
     for kernel in ("gemm1", "gemm2"):
         found = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
         gluon = [c for c in found if c.gluon]
+        if bucket > w4a16.GLUON_MAX_BUCKET:  # chunked prefill: the leading tile itself in Gluon (gemm1), not TILES
+            assert gluon == w4a16_gluon.prefill_forms(kernel, triton_tile)
+            assert bool(gluon) is (kernel in w4a16_gluon.PREFILL_KERNELS)
+            gluon = [c for c in gluon if c.without_plan() in w4a16_gluon.TILES[kernel]]
         assert bool(gluon) is (offered and bool(w4a16_gluon.TILES[kernel])), "its tiles, up to GLUON_MAX_BUCKET"
         assert all(not c.stream for c in gluon)
         if gluon:
@@ -138,6 +146,17 @@ def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, 
         without = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS)
         assert [c for c in found if not c.gluon] == without, "the Triton trials as without Gluon"
         assert not [c for c in w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
+
+
+def test_prefill_forms_are_the_tile_itself_in_gluon():
+    tile = GemmConfig(128, 128, 128, 8, 3)
+    gluon = dataclasses.replace(tile, gluon=True)
+    assert w4a16_gluon.prefill_forms("gemm1", tile) == [gluon, dataclasses.replace(gluon, gate_then_up=True)]
+    assert w4a16_gluon.prefill_forms("gemm2", tile) == [], "the Gluon gemm2 measured slower at prefill sizes"
+    assert w4a16_gluon.prefill_forms("gemm1", GemmConfig(128, 256, 64, 8, 3)) == [], "a K step the kernels cannot take"
+    assert w4a16_gluon.prefill_forms("gemm1", gluon) == [], "already in Gluon"
+    found = w4a16.split_candidates("gemm1", tile, EP8, 256, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
+    assert found == (w4a16_gluon.prefill_forms("gemm1", tile) if w4a16_gluon.runs_on(90) else [])
 
 
 def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device):
@@ -309,3 +328,39 @@ def test_graph_replays_with_one_expert_then_all(gen, device, monkeypatch):
         graph.replay()
         want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), weights.cpu(), ids.cpu())
         assert _rel(out, want) < 1e-2, f"{active} active experts"
+
+
+# Prefill tiles (routing blocks of 64-128 pairs, the wgmma's N; one or two warp groups): (tile, tokens). 150 tokens
+# x 4 slots over 8 experts is about 75 pairs an expert: one full 64-row block and one part-filled, or one 128-row block
+# part-filled; 5 tokens leave most rows of every block as padding.
+PREFILL_TILES = ["128x128x256-w8-s2-gl", "128x128x128-w8-s3-gl", "128x128x128-w8-s3-gl-gu", "64x128x128-w8-s3-gl",
+                 "128x64x128-w4-s3-gl", "64x64x128-w4-s4-gl"]  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens", [150, 5])
+@pytest.mark.parametrize("label", PREFILL_TILES)
+def test_prefill_tiles_match_reference_and_the_triton_kernels(label, tokens, gen, device, monkeypatch):
+    _gpu_case(device, monkeypatch)
+    layer = random_layer(8, 1024, 512, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    x = torch.randn(tokens, 1024, generator=gen).bfloat16()
+    weights, ids = random_routing(tokens, 8, 4, gen)
+    want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+    tile = GemmConfig.from_label(label)
+    gemm2 = dataclasses.replace(tile, gate_then_up=False)
+    args = (x.to(device), bundle, weights.to(device), ids.to(device))
+    kw = {"check_ids": False, "path": "w4a16"}
+    calls = []
+    for name in ("launch", "launch_gemm2"):
+        launch = getattr(w4a16_gluon, name)
+        monkeypatch.setattr(w4a16_gluon, name, lambda *a, _f=launch, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    out = moe.fused_moe(*args, config=MoeConfig(tile, gemm2), **kw)
+    assert calls == ["launch", "launch_gemm2"], "the op must have taken both Gluon GEMMs"
+    assert torch.isfinite(out).all()
+    assert _rel(out, want) < 1e-2
+    assert torch.equal(moe.fused_moe(*args, config=MoeConfig(tile, gemm2), **kw), out), "the same bits twice"
+    plain = MoeConfig(
+        dataclasses.replace(tile, gluon=False, gate_then_up=False), dataclasses.replace(gemm2, gluon=False)
+    )
+    triton_out = moe.fused_moe(*args, config=plain, **kw)
+    assert _rel(out, triton_out.cpu().double()) < 1e-3, "the Triton kernels with the same tile"

@@ -420,7 +420,8 @@ def split_candidates(
 
     On ``sm_{arch}`` where the Gluon kernels run (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also their tiles
     (``w4a16_gluon.TILES``) with the default plan and, below one token per expert where the GEMM splits, with each
-    other split count ``targets`` give and unsplit.
+    other split count ``targets`` give and unsplit; above it (chunked prefill), ``cfg`` itself in Gluon
+    (``w4a16_gluon.prefill_forms``).
     """
     num_pairs = shape.tokens_at(bucket) * shape.top_k
 
@@ -448,8 +449,10 @@ def split_candidates(
         out = other_plans(cfg, seen)
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
-    if arch is None or bucket > GLUON_MAX_BUCKET or not w4a16_gluon.runs_on(arch):
+    if arch is None or not w4a16_gluon.runs_on(arch):
         return out
+    if bucket > GLUON_MAX_BUCKET:
+        return out + w4a16_gluon.prefill_forms(kernel, cfg)
     for tile in w4a16_gluon.TILES[kernel]:
         if cfg.without_plan() != tile:
             out.append(tile)

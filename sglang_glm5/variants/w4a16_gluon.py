@@ -48,6 +48,12 @@ GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
 # never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32): not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
+# Above the decode buckets (chunked prefill) the tuner times its leading Triton tiles of these GEMMs again in Gluon,
+# in both orders of gemm1's wgmmas (``prefill_forms``). H200, GLM-5 (bench/README.md, run 34), the op with one
+# GEMM's tile replaced by the same tile in Gluon, eagerly: gemm1 0.95-0.96x at B = 2048 and 8192 of both layouts
+# (64x128x256-w8-s3 at 64 tokens per expert, 128x128x128-w8-s3 gate-then-up at EP8's 256), gemm2 1.04-1.31x (never
+# faster): gemm1 only.
+PREFILL_KERNELS = ("gemm1",)
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
 # programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
@@ -86,6 +92,16 @@ def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dt
     return runs_on(10 * major + minor)
 
 
+def prefill_forms(kernel: str, tile: GemmConfig) -> list[GemmConfig]:
+    """The Gluon forms of a Triton ``tile`` that the tuner times beside it at chunked-prefill buckets: for a kernel
+    of PREFILL_KERNELS the same tile and plan in Gluon, each order of gemm1's wgmmas; none for a tile the Gluon
+    kernels do not take (``GemmConfig.gluon_takes``: a K step of 64, say) or one in Gluon already."""
+    if kernel not in PREFILL_KERNELS or tile.gluon or not tile.gluon_takes:
+        return []
+    gluon = dataclasses.replace(tile, gluon=True)
+    return [gluon, dataclasses.replace(gluon, gate_then_up=True)] if kernel == "gemm1" else [gluon]
+
+
 def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int:
     """The zeroed int32 counters a split launch needs: one per (block, N tile)."""
     return num_blocks * -(-inter // tile.block_n)
@@ -118,8 +134,9 @@ def launch(
         num_pairs, top_k, inter, x.shape[1], k_per_split,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead,
-        GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
+        STAGES=tile.num_stages, LOOKAHEAD=lookahead, GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl,
+        num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
 
@@ -142,8 +159,8 @@ def launch_gemm2(
         h, w2, w2_scale.view(torch.uint8), gs2, topk_weights_flat, route.sorted_ids, route.block_expert, y,
         num_pairs, hidden, inter, k_per_split,
         h.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1), y.stride(-2),
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits,
-        PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
+        STAGES=tile.num_stages, LOOKAHEAD=lookahead, SPLITS=splits, PDL=pdl, num_warps=tile.num_warps, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -197,8 +214,8 @@ def aot(
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     fn = {"gemm1": _g.nvfp4_moe_gemm1_gluon_kernel, "gemm2": _g.nvfp4_moe_gemm2_gluon_kernel}[kernel]
-    consts = {"BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "STAGES": tile.num_stages, "LOOKAHEAD": lookahead,
-              "SPLITS": splits, "PDL": pdl}  # fmt: skip
+    consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
+              "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
         consts["GATE_THEN_UP"] = tile.gate_then_up
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
