@@ -1,12 +1,13 @@
-"""The W4A16 op's GEMMs at decode sizes for sm_90, in Gluon (Triton's explicit-layout dialect): gemm1 (below) and
-gemm2 (``nvfp4_moe_gemm2_gluon_kernel``: the same schedule on one weight matrix; tested on the H200, not offered by
-the tuner: slower there than the Triton gemm2).
+"""The W4A16 op's GEMMs for sm_90, in Gluon (Triton's explicit-layout dialect): gemm1 (below) and gemm2
+(``nvfp4_moe_gemm2_gluon_kernel``: the same schedule on one weight matrix; tested on the H200, not offered by the
+tuner: slower there than the Triton gemm2, at decode and at chunked-prefill sizes). Decode tiles take routing blocks
+of 16 pairs on one warp group; chunked-prefill tiles up to 128 pairs (the wgmma's N) on one or two (WARPS).
 
     P = T * top_k (token, slot) pairs, E = local experts, H = hidden size (gemm1's K), I = intermediate size
 
 The same work as ``nvfp4_moe.nvfp4_moe_gemm1_kernel`` on weights in the "kernel_wgmma" layout (LAYOUT 2): per routing
-block of 16 pairs and N tile of BLOCK_N rows of gate and of up, four quarter-width dots a K step (quarter q = code q
-of every packed word against activation columns 4c + q of the permuted K order), the same PTX decode
+block of BLOCK_M pairs and N tile of BLOCK_N rows of gate and of up, four quarter-width dots a K step (quarter q =
+code q of every packed word against activation columns 4c + q of the permuted K order), the same PTX decode
 (``nvfp4_moe.decode_ptx``), fp32 accumulation, h = SiLU(gate) * up written in the permuted K order. What differs is
 the schedule, written out instead of left to Triton's pipeliner:
 
@@ -29,7 +30,8 @@ integer counter adds them in split order (the result does not depend on timing) 
 Triton kernel does. With PDL the kernel waits for the launch before it (``griddepcontrol.wait``) before touching
 memory and lets the next start after its K loop. A program per possible block; idle blocks (expert -1) return.
 
-H200 measurements (``bench/README.md``, "gemm1 in Gluon"): the op 0.84-0.97x at GLM-5 B = 1-8 with this gemm1.
+H200 measurements (``bench/README.md``, "gemm1 in Gluon", run 34): the op 0.84-0.97x at GLM-5 B = 1-8 with this
+gemm1, 0.95-0.97x at B = 2048-8192 (chunked prefill).
 """
 
 import triton
@@ -224,7 +226,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     w_ptr,  # [E, 2I, H/4] int16, packed codes (kernel_wgmma layout)
     ws_ptr,  # [E, 2I, H/16] uint8 scale codes
     wgs_ptr,  # [E, 2] fp32 global scales (gate, up), addressed by strides
-    sorted_ids_ptr,  # [blocks * 16] int32 pair ids, >= P = padding
+    sorted_ids_ptr,  # [blocks * BLOCK_M] int32 pair ids, >= P = padding
     block_expert_ptr,  # [blocks] int32 expert of each block, -1 = no work
     h_ptr,  # [P, I] bf16 out, permuted K order
     part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
@@ -393,7 +395,7 @@ def nvfp4_moe_gemm2_gluon_kernel(
     ws_ptr,  # [E, H, I/16] uint8 scale codes
     wgs_ptr,  # [E] fp32 global scales
     topk_weights_ptr,  # [P] fp32, flattened [T, k]
-    sorted_ids_ptr,  # [blocks * 16] int32 pair ids, >= P = padding
+    sorted_ids_ptr,  # [blocks * BLOCK_M] int32 pair ids, >= P = padding
     block_expert_ptr,  # [blocks] int32 expert of each block, -1 = no work
     y_ptr,  # [P, H] out (the hidden states' dtype); with SPLITS > 1 [SPLITS, P, H] fp32 partials
     num_pairs,  # P

@@ -304,7 +304,8 @@ STREAM_PAIRS_PER_EXPERT = 8
 STREAM_TRIALS = (2, 3)
 # The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 256): in the
 # H200 tune of run 31 the 2-stage Gluon gemm1 won the buckets of B = 128 and 256 too (0.94x and 0.98x the 16x128x256
-# Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); chunked-prefill sizes keep the Triton tiles.
+# Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); above it the tuner times the leading Triton gemm1 tile in
+# Gluon instead (``w4a16_gluon.prefill_forms``, run 34).
 GLUON_MAX_BUCKET = 8
 
 
