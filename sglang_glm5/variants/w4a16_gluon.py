@@ -2,17 +2,17 @@
 
 ``kernels/nvfp4_moe_gluon.py`` holds gemm1 and gemm2 as the Triton kernels compute them (same decode, dots and K order,
 the op's K splits and deterministic sums) with the copies, the wgmma waits and the scale reads scheduled by hand. A
-config marked ``gluon`` (label suffix ``-gl``) runs them where ``applies`` (``w4a16.launch_gemm1`` and
-``launch_gemm2`` decide per launch), else the Triton kernels with the same tile and split: the config says what runs,
-so the tuner, the cache and the op agree. The tuner offers ``TILES`` with their split plans at decode buckets on a GPU
-where they run (``runs_on``), beside the Triton tiles, and at chunked-prefill buckets its leading Triton gemm1 tile in
-Gluon (``prefill_forms``: 0.95-0.97x the op at GLM-5 B = 2048-8192, run 34). H200, GLM-5, the whole op at real
-routing with the tuner's Gluon gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8
-B = 1-8 0.92-0.94x, B = 32 0.95x, TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's cache on the same routings) EP8 B = 2-4
-0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x; with the gate-then-up order as well (run
-32, against run 31's cache) EP8 B = 8, 16, 64 0.97-0.98x, TP8 B = 16, 64 0.96-0.98x. The Gluon gemm2 runs correctly on
-the H200 (tests/test_gluon.py) but lost to the Triton gemm2 at every decode step, B = 1-256, and at B = 2048-8192
-but one (run 34): not offered.
+config marked ``gluon`` (label suffix ``-gl``) runs them where ``applies`` (``w4a16.launch_gemm1`` and ``launch_gemm2``
+decide per launch), else the Triton kernels with the same tile and split: the config says what runs, so the tuner, the
+cache and the op agree. The tuner offers ``TILES`` with their split plans at decode buckets on a GPU where they run
+(``runs_on``), beside the Triton tiles, and at chunked-prefill buckets its leading Triton gemm1 tile in Gluon
+(``prefill_forms``: 0.95-0.97x the op at GLM-5 B = 2048-8192, run 34). H200, GLM-5, the whole op at real routing with
+the tuner's Gluon gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8 B = 1-8 0.92-0.94x,
+B = 32 0.95x, TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's cache on the same
+routings) EP8 B = 2-4 0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x; with the gate-then-up
+order as well (run 32, against run 31's cache) EP8 B = 8, 16, 64 0.97-0.98x, TP8 B = 16, 64 0.96-0.98x. The Gluon gemm2
+runs correctly on the H200 (tests/test_gluon.py) but lost to the Triton gemm2 at every decode step, B = 1-256, and at B
+= 2048-8192 but one (run 34): not offered.
 """
 
 from __future__ import annotations
