@@ -484,6 +484,33 @@ def test_splits_only_stores_a_winning_trial_of_another_tile_with_its_own_shared_
     assert asked.count(other) == 1, "one size per tile, whatever its plans"
 
 
+def test_splits_only_trusts_the_compiler_over_the_model_for_a_chosen_tile(tmp_path, monkeypatch):
+    # The analytic model is an upper bound for pruning searches: it put the h200 cache's own 64x128x256-w8-s3 gemm1
+    # at 290816 B (compiled: 172032). A tile a lookup chose, and its forms, are checked by the compiler alone.
+    h200 = TARGETS["h200"]
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "shipped_dir", lambda: tmp_path / "shipped")
+    tile = GemmConfig(64, 128, 256, 8, 3)
+    gluon = dataclasses.replace(tile, gluon=True)
+    sizes = {tile: 172032, gluon: 208896, dataclasses.replace(gluon, gate_then_up=True): 300000}
+    variant = dataclasses.replace(
+        variants.get("w4a16"), kernels=("gemm1",), compiled_shared_bytes=lambda items, target: [
+            sizes[c.without_plan()] for _, c in items], model_shared_bytes=lambda kernel, cfg, target: 290816,
+        split_candidates=lambda kernel, cfg, shape, bucket, sms, targets=(), arch=None: [
+            gluon, dataclasses.replace(gluon, gate_then_up=True)],
+    )  # fmt: skip
+    timed = []
+
+    def bench(kernel, cfg, bucket):
+        timed.append(cfg)
+        return 0.9 if cfg.gluon else 1.0
+
+    entries, _ = autotune.tune(h200, EP8, [256], bench, variant=variant, tiles=lambda kernel, bucket: tile)
+    (entry,) = entries.values()
+    assert entry.config == gluon and entry.shared_bytes == 208896
+    assert timed == [tile, gluon], "the form the compiler puts over 232448 B is not timed"
+
+
 def test_splits_only_stores_a_stream_k_plan_only_where_it_beats_the_default(tmp_path, monkeypatch):
     # With the split targets giving no other count (2 per SM is the default plan), gemm1's only other plans are the
     # stream-K ones: a step where none beats the default by SPLIT_MARGIN gets no gemm1 entry, one where one does
