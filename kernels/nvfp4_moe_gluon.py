@@ -91,13 +91,13 @@ def _griddepcontrol(WAIT: gl.constexpr):
 
 
 @gluon.jit
-def _program_block(block_expert_ptr, PDL: gl.constexpr):
-    """(routing block, N program, the block's expert: -1 = no work) of this program; with PDL after waiting for the
-    launch before it."""
+def _program_block(block_expert_ptr, PDL: gl.constexpr, BLOCKS_LAST: gl.constexpr = False):
+    """(routing block, N program, the block's expert: -1 = no work) of this program: grid axes (block, N) or, with
+    BLOCKS_LAST, (N, block); with PDL after waiting for the launch before it."""
     if PDL:
         _griddepcontrol(True)
-    pid_m = gl.program_id(0)
-    return pid_m, gl.program_id(1), gl.load(block_expert_ptr + pid_m)
+    pid_m = gl.program_id(1 if BLOCKS_LAST else 0)
+    return pid_m, gl.program_id(0 if BLOCKS_LAST else 1), gl.load(block_expert_ptr + pid_m)
 
 
 @gluon.jit
@@ -248,11 +248,12 @@ def nvfp4_moe_gemm1_gluon_kernel(
     GATE_THEN_UP: gl.constexpr,  # a K step's four gate quarters, then up's (else each quarter's gate and up)
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
+    BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles run side by side
 ):  # fmt: skip
-    """Grid (blocks, N tiles, SPLITS), WARPS warps."""
+    """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
-    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
+    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL, BLOCKS_LAST)
     if expert >= 0:
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
@@ -343,7 +344,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
             gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
             gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
             _cta_barrier()  # every thread's partials are written before the counter says so
-            counter = counter_ptr + pid_m * gl.num_programs(1) + pid_n
+            counter = counter_ptr + pid_m * gl.num_programs(0 if BLOCKS_LAST else 1) + pid_n
             if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                 gl.store(counter, 0)  # ready for the next launch
                 acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)

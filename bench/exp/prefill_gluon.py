@@ -1,11 +1,13 @@
 """Experiment: the Gluon gemm1 alone at chunked-prefill sizes (B = 4096, 8192), forms of its schedule against each
 other and against the Triton gemm1 with the same tile, on one real routing per layout.
 
-Forms: the tile (BLOCK_K 128 or 256, 2-4 stages, either order of the wgmmas) and LOOKAHEAD, the quarters of wgmmas
-left in flight while the next is decoded (the decode tiles use 1). Each form's h is compared with the first form's
-(max relative difference: a deeper K step sums K in another order, the same tile with another lookahead gives the
-same bits). Times are medians of CUDA-event timings of REPEATS launches, round-robin over the forms; TFLOP/s counts
-the pairs' real work (2 * P * 2I * H).
+Forms: the tile (BLOCK_K 128 or 256, 2-4 stages, either order of the wgmmas), LOOKAHEAD, the quarters of wgmmas left in
+flight while the next is decoded (the decode tiles use 1), and the grid's order: blocks first (as the op launches it: at
+EP8 B = 8192 the 132 programs in flight span most blocks of one N tile, so every N tile reads the activations again from
+DRAM) or N tiles first (a block's 16 N tiles side by side, its activation rows read once). Each form's h is compared
+with the first form's (max relative difference: a deeper K step sums K in another order, the same tile with another
+lookahead or grid order gives the same bits). Times are medians of CUDA-event timings of REPEATS launches, round-robin
+over the forms; TFLOP/s counts the pairs' real work (2 * P * 2I * H).
 Usage: python bench/exp/prefill_gluon.py OUT_DIR   (EXP_BATCHES, default 4096,8192; PROFILE=1: each layout's first
 form once at the last batch, for Nsight Compute)
 """
@@ -27,17 +29,22 @@ from sglang_glm5.variants import w4a16, w4a16_gluon
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "4096,8192").split(","))
 PROFILE = os.environ.get("PROFILE") == "1"
 REPEATS = 9
-# (tile, lookahead); a tile without "-gl" runs the Triton gemm1
+# (tile, lookahead, blocks last: the grid's N tiles first); a tile without "-gl" runs the Triton gemm1
 FORMS = {
-    "ep8": [("128x128x128-w8-s3-gl-gu", 1), ("128x128x128-w8-s3", 1), ("128x128x128-w8-s3-gl-gu", 0),
-            ("128x128x128-w8-s3-gl-gu", 2), ("128x128x128-w8-s3-gl", 2), ("128x128x128-w8-s2-gl-gu", 1),
-            ("128x128x128-w8-s4-gl-gu", 1), ("128x128x256-w8-s2-gl-gu", 1), ("128x128x256-w8-s2-gl-gu", 2)],
-    "tp8": [("64x128x256-w8-s3-gl", 1), ("64x128x256-w8-s3", 1), ("64x128x256-w8-s3-gl", 0),
-            ("64x128x256-w8-s3-gl", 2), ("128x128x128-w8-s3-gl-gu", 1), ("128x128x256-w8-s2-gl-gu", 1)],
+    "ep8": [("128x128x128-w8-s3-gl-gu", 1, False), ("128x128x128-w8-s3", 1, False),
+            ("128x128x128-w8-s3-gl-gu", 1, True), ("128x128x128-w8-s3-gl-gu", 0, False),
+            ("128x128x128-w8-s3-gl-gu", 2, False), ("128x128x128-w8-s3-gl", 2, False),
+            ("128x128x128-w8-s2-gl-gu", 1, False), ("128x128x128-w8-s4-gl-gu", 1, True),
+            ("128x128x256-w8-s2-gl-gu", 1, False), ("128x128x256-w8-s2-gl-gu", 1, True),
+            ("128x128x256-w8-s2-gl-gu", 2, True)],
+    "tp8": [("64x128x256-w8-s3-gl", 1, False), ("64x128x256-w8-s3", 1, False), ("64x128x256-w8-s3-gl", 1, True),
+            ("64x128x256-w8-s3-gl", 0, False), ("64x128x256-w8-s3-gl", 2, False),
+            ("128x128x128-w8-s3-gl-gu", 1, False), ("128x128x128-w8-s3-gl-gu", 1, True),
+            ("128x128x256-w8-s2-gl-gu", 1, True)],
 }  # fmt: skip
 
 
-def launcher(layout, bundle, x, ids, label: str, lookahead: int):
+def launcher(layout, bundle, x, ids, label: str, lookahead: int, blocks_last: bool):
     """A closure launching gemm1 alone with ``label``'s tile into its own h, on routing prepared once."""
     tile = GemmConfig.from_label(label)
     xp = torch.empty_like(x)
@@ -49,7 +56,8 @@ def launcher(layout, bundle, x, ids, label: str, lookahead: int):
     def run():
         if tile.gluon:
             w4a16_gluon.launch(*args, h, top_k, *bundle.gate_up_rows, splits=1, k_per_split=layout.hidden,
-                               counters=None, pdl=False, tile=tile, lookahead=lookahead)  # fmt: skip
+                               counters=None, pdl=False, tile=tile, lookahead=lookahead,
+                               blocks_last=blocks_last)  # fmt: skip
         else:
             w4a16.launch_gemm1(*args, h, tile, top_k, *bundle.gate_up_rows, False, layout=bundle.layout)
         return h
@@ -95,10 +103,11 @@ def main(out: Path) -> None:
             base = statistics.median(times[forms[0]])
             for f in runs:
                 ms = statistics.median(times[f])
-                row = {"layout": name, "batch": batch, "tile": f[0], "lookahead": f[1], "ms": ms, "vs_first": ms / base,
-                       "tflops": flop / ms / 1e9, "rel_diff": diffs[f], "times": times[f]}  # fmt: skip
+                row = {"layout": name, "batch": batch, "tile": f[0], "lookahead": f[1], "blocks_last": f[2],
+                       "ms": ms, "vs_first": ms / base, "tflops": flop / ms / 1e9, "rel_diff": diffs[f],
+                       "times": times[f]}  # fmt: skip
                 rows.append(row)
-                print(f"{name} B={batch} {f[0]:26s} la={f[1]} {ms:.3f} ms ({ms / base:.3f}x) "
+                print(f"{name} B={batch} {f[0]:26s} la={f[1]} blocks_last={int(f[2])} {ms:.3f} ms ({ms / base:.3f}x) "
                       f"{row['tflops']:.0f} TFLOP/s rel diff {diffs[f]:.1e}", flush=True)  # fmt: skip
         del bundle
         torch.cuda.empty_cache()

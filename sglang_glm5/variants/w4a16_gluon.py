@@ -112,11 +112,12 @@ def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
     *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
-    lookahead: int = LOOKAHEAD,
+    lookahead: int = LOOKAHEAD, blocks_last: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
-    config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight."""
+    config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight;
+    ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
@@ -130,7 +131,8 @@ def launch(
                              "int32")  # fmt: skip
         part = torch.empty((splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element
-    _g.nvfp4_moe_gemm1_gluon_kernel[_g.grid(num_blocks, inter, tile.block_n, splits)](
+    blocks, n_tiles, split_axis = _g.grid(num_blocks, inter, tile.block_n, splits)
+    _g.nvfp4_moe_gemm1_gluon_kernel[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
         route.used_blocks if counters is None else counters,
         num_pairs, top_k, inter, x.shape[1], k_per_split,
@@ -138,7 +140,7 @@ def launch(
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
         STAGES=tile.num_stages, LOOKAHEAD=lookahead, GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl,
-        num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCKS_LAST=blocks_last, num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
 
@@ -219,7 +221,7 @@ def aot(
     consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
               "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
-        consts["GATE_THEN_UP"] = tile.gate_then_up
+        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False)
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
