@@ -151,10 +151,17 @@ def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, 
 def test_prefill_forms_are_the_tile_itself_in_gluon():
     tile = GemmConfig(128, 128, 128, 8, 3)
     gluon = dataclasses.replace(tile, gluon=True)
-    assert w4a16_gluon.prefill_forms("gemm1", tile) == [gluon, dataclasses.replace(gluon, gate_then_up=True)]
+    extra = list(w4a16_gluon.PREFILL_TILES)
+    own = [gluon, dataclasses.replace(gluon, gate_then_up=True)]
+    assert w4a16_gluon.prefill_forms("gemm1", tile) == own + extra
     assert w4a16_gluon.prefill_forms("gemm2", tile) == [], "the Gluon gemm2 measured slower at prefill sizes"
-    assert w4a16_gluon.prefill_forms("gemm1", GemmConfig(128, 256, 64, 8, 3)) == [], "a K step the kernels cannot take"
-    assert w4a16_gluon.prefill_forms("gemm1", gluon) == [], "already in Gluon"
+    deep = GemmConfig(128, 256, 64, 8, 3)
+    assert w4a16_gluon.prefill_forms("gemm1", deep) == extra, "a K step the kernels cannot take: the extra tiles only"
+    assert w4a16_gluon.prefill_forms("gemm1", gluon) == extra, "already in Gluon: the extra tiles only"
+    assert w4a16_gluon.prefill_forms("gemm1", extra[0]) == [], "nothing beside itself"
+    same = dataclasses.replace(extra[0], gluon=False, gate_then_up=False)
+    assert w4a16_gluon.prefill_forms("gemm1", same).count(extra[0]) == 1, "an extra tile that is a form: once"
+    assert all(t.gluon and t.gluon_takes and t.block_m > 16 for t in extra)
     found = w4a16.split_candidates("gemm1", tile, EP8, 256, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
     assert found == (w4a16_gluon.prefill_forms("gemm1", tile) if w4a16_gluon.runs_on(90) else [])
 
@@ -333,7 +340,7 @@ def test_graph_replays_with_one_expert_then_all(gen, device, monkeypatch):
 # Prefill tiles (routing blocks of 64-128 pairs, the wgmma's N; one or two warp groups): (tile, tokens). 150 tokens
 # x 4 slots over 8 experts is about 75 pairs an expert: one full 64-row block and one part-filled, or one 128-row block
 # part-filled; 5 tokens leave most rows of every block as padding.
-PREFILL_TILES = ["128x128x256-w8-s2-gl", "128x128x128-w8-s3-gl", "128x128x128-w8-s3-gl-gu", "64x128x128-w8-s3-gl",
+PREFILL_TILES = ["128x128x256-w8-s2-gl-gu", "128x128x128-w8-s3-gl", "128x128x128-w8-s3-gl-gu", "64x128x128-w8-s3-gl",
                  "128x64x128-w4-s3-gl", "64x64x128-w4-s4-gl"]  # fmt: skip
 
 

@@ -56,6 +56,11 @@ TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE
 # (64x128x256-w8-s3 at 64 tokens per expert, 128x128x128-w8-s3 gate-then-up at EP8's 256), gemm2 1.04-1.31x (never
 # faster): gemm1 only.
 PREFILL_KERNELS = ("gemm1",)
+# Also offered at those buckets, beside the leading tile's forms: a 256-deep K step in two stages (204800 B, 247
+# registers, sm_90 AOT Triton 3.8; half the K steps and barriers of the 128-deep tiles). gemm1 alone on one real
+# routing (bench/exp/prefill_gluon.py, run 34): 0.927x the 128x128x128-w8-s3 gate-then-up tile at EP8 B = 4096 and
+# 8192, 0.895x (N tiles first) the 64x128x256-w8-s3 Gluon tile at TP8 B = 8192, 0.963x at TP8 B = 4096.
+PREFILL_TILES = (GemmConfig(128, 128, 256, num_warps=8, num_stages=2, gluon=True, gate_then_up=True),)
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
 # programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
@@ -95,13 +100,17 @@ def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dt
 
 
 def prefill_forms(kernel: str, tile: GemmConfig) -> list[GemmConfig]:
-    """The Gluon forms of a Triton ``tile`` that the tuner times beside it at chunked-prefill buckets: for a kernel
-    of PREFILL_KERNELS the same tile and plan in Gluon, each order of gemm1's wgmmas; none for a tile the Gluon
-    kernels do not take (``GemmConfig.gluon_takes``: a K step of 64, say) or one in Gluon already."""
-    if kernel not in PREFILL_KERNELS or tile.gluon or not tile.gluon_takes:
+    """What the tuner times beside a Triton ``tile`` at chunked-prefill buckets, for a kernel of PREFILL_KERNELS:
+    the same tile and plan in Gluon, in each order of gemm1's wgmmas (none for a tile the Gluon kernels do not
+    take, ``GemmConfig.gluon_takes``: a K step of 64, say), then PREFILL_TILES; beside a tile in Gluon already
+    (a cache entry that ``tune --splits-only`` starts from), PREFILL_TILES alone."""
+    if kernel not in PREFILL_KERNELS:
         return []
-    gluon = dataclasses.replace(tile, gluon=True)
-    return [gluon, dataclasses.replace(gluon, gate_then_up=True)] if kernel == "gemm1" else [gluon]
+    forms = []
+    if tile.gluon_takes and not tile.gluon:
+        gluon = dataclasses.replace(tile, gluon=True)
+        forms = [gluon, dataclasses.replace(gluon, gate_then_up=True)] if kernel == "gemm1" else [gluon]
+    return forms + [t for t in PREFILL_TILES if t not in forms and t != tile.without_plan()]
 
 
 def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int:
