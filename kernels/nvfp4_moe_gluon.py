@@ -31,7 +31,7 @@ Triton kernel does. With PDL the kernel waits for the launch before it (``gridde
 memory and lets the next start after its K loop. A program per possible block; idle blocks (expert -1) return.
 
 H200 measurements (``bench/README.md``, "gemm1 in Gluon", run 34): the op 0.84-0.97x at GLM-5 B = 1-8 with this
-gemm1, 0.95-0.97x at B = 2048-8192 (chunked prefill).
+gemm1, 0.89-0.95x at B = 2048-8192 (chunked prefill).
 """
 
 import triton
@@ -248,7 +248,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     GATE_THEN_UP: gl.constexpr,  # a K step's four gate quarters, then up's (else each quarter's gate and up)
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
-    BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles run side by side
+    BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (experiments; off)
 ):  # fmt: skip
     """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)

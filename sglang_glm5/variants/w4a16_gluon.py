@@ -6,7 +6,7 @@ config marked ``gluon`` (label suffix ``-gl``) runs them where ``applies`` (``w4
 decide per launch), else the Triton kernels with the same tile and split: the config says what runs, so the tuner, the
 cache and the op agree. The tuner offers ``TILES`` with their split plans at decode buckets on a GPU where they run
 (``runs_on``), beside the Triton tiles, and at chunked-prefill buckets its leading Triton gemm1 tile in Gluon
-(``prefill_forms``: 0.95-0.97x the op at GLM-5 B = 2048-8192, run 34). H200, GLM-5, the whole op at real routing with
+(``prefill_forms``: 0.89-0.95x the op at GLM-5 B = 2048-8192, run 34). H200, GLM-5, the whole op at real routing with
 the tuner's Gluon gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8 B = 1-8 0.92-0.94x,
 B = 32 0.95x, TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's cache on the same
 routings) EP8 B = 2-4 0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x; with the gate-then-up
