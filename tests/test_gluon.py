@@ -6,12 +6,13 @@ gives the Triton kernels' bits, repeats bit for bit, and stays right when a CUDA
 from __future__ import annotations
 
 import dataclasses
+import json
 from fractions import Fraction
 
 import pytest
 import torch
 
-from sglang_glm5 import aot, moe, routing
+from sglang_glm5 import aot, autotune, moe, routing
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.shapes import MoeShape
@@ -44,6 +45,21 @@ def test_compiles_for_sm90_with_async_wgmma():
         assert got["maxnreg"] == (w4a16_gluon.REGISTER_CAP if gate_then_up else None), "four 2-stage programs an SM"
         if kernel == "gemm1" and GemmConfig.from_label(tile).num_stages == 2:
             assert got["shared"] == 53248, "the 2-stage tile's shared memory: four programs fit an H200 SM"
+
+
+@needs_gluon
+def test_every_gluon_tile_of_the_shipped_h200_cache_compiles_for_sm90():
+    # The cache's Gluon entries (decode and chunked-prefill tiles) were measured under Triton 3.6; this Triton must
+    # compile each of them for sm_90 within an H200's shared memory too, unsplit.
+    entries = json.loads((autotune.shipped_dir() / "h200.json").read_text())["entries"]
+    tiles = sorted({(key.split("|")[2].split(".")[0], GemmConfig(**e["config"]).without_plan().label)
+                    for key, e in entries.items() if e["config"].get("gluon")})  # fmt: skip
+    assert any(GemmConfig.from_label(t).block_m > 16 for _, t in tiles), "prefill tiles among them"
+    results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", [[90, 1, False, t, k] for k, t in tiles])
+    limit = TARGETS["h200"].shared_per_block
+    for (kernel, tile), got in zip(tiles, results, strict=True):
+        assert isinstance(got, dict), (kernel, tile, got)
+        assert 0 < got["shared"] <= limit and got["wgmma"] and got["cp_async"], (kernel, tile, got)
 
 
 def test_label_says_gluon_and_round_trips():
