@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         "entry, a nearby bucket's, or the heuristic) and time only its K split plans (the default, 2 programs per SM, "
         "then 1, 3, 4, 6 and 8, one per distinct split count; for gemm1 also the stream-K schedule at 2 and 3 "
         "programs per SM and, on sm_90, up to 8 tokens per expert the Gluon gemm1's tiles with their split plans, "
-        "above that the same tile in Gluon), "
+        "above that the same tile in Gluon and a 256-deep Gluon tile), "
         "storing the fastest if it beats the default plan by 2%% (else the tile with the default plan): about a "
         "third of a full search's timings, for decode steps such as --batch-sizes 2/32,3/32,...,16/32. "
         "A power-of-two step (1/32, 1/16, ...) is its bucket: its entry is replaced. A batch size where the plan has "
