@@ -198,10 +198,15 @@ def rotating_layers(shape: MoeShape, gen: torch.Generator, *, w4a4: bool = False
     return [layer.served(w4a4=w4a4) for layer in layers]
 
 
-# Up to this bucket of tokens per expert (GLM-5 EP8/TP8: B = 256 tokens per step) the tuner times
-# candidates on real routing (``bench_real.real_routing``: top-k of a softmax over all experts, other
-# ranks' slots -1); above it every expert is busy anyway and the routing is balanced.
-REAL_ROUTING_MAX_BUCKET = 8
+# Up to this bucket of tokens per expert (GLM-5 EP8/TP8: B = 8192 tokens per step, the chunked-prefill size) the tuner
+# times candidates on real routing (``bench_real.real_routing``: top-k of a softmax over all experts, other ranks'
+# slots -1); above it the routing is balanced (the inputs of 8 routings grow with the bucket: about 3 GB at GLM-5 EP8's
+# 256).
+# Real routing matters past the decode buckets too: an expert's pairs spread by about their square root, and a
+# 128-row block tile pays for the nearly empty second block that balanced routing never gives it (H200, run 34:
+# timed balanced, the 256-deep gemm1 tile was 0.83x the 64-row one at TP8's 128 tokens per expert; the op at real
+# routing measured it 1.02x).
+REAL_ROUTING_MAX_BUCKET = 256
 TUNE_ROUTINGS = 8  # routings per timed graph in the tuner
 
 
