@@ -131,9 +131,9 @@ PDL = Switch(
 )  # fmt: skip
 GLUON_GEMM1 = Switch(
     "SGLANG_GLM5_GLUON_GEMM1", "bool", True,
-    "on sm_90 (H100 / H200) a W4A16 GEMM config marked Gluon (`-gl` in the cache, chosen by the tuner at decode and "
-    "chunked-prefill sizes) runs as the Gluon kernel (`variants/w4a16_gluon.py`); off = the Triton kernel with the same "
-    "tile and split",
+    "on sm_90 (H100 / H200) a W4A16 GEMM config marked Gluon (`-gl` in the cache, chosen by the tuner at decode "
+    "and chunked-prefill sizes) runs as the Gluon kernel (`variants/w4a16_gluon.py`); off = the Triton kernel with the "
+    "same tile and split",
     parse_bool,
 )  # fmt: skip
 STOCK_CONFIGS = Switch(
