@@ -596,7 +596,7 @@ def _tune_split(
     """``tune(tiles=...)`` for one (kernel, bucket): the fastest split plan of ``tile``, or None without a choice."""
     import triton
 
-    shared = _compiled_fit(v, kernel, tile, target)
+    shared = v.compiled_fit(kernel, tile, target)
     if shared is None:
         raise RuntimeError(f"{key}: {tile.label} does not fit {target.name} ({target.shared_per_block} B)")
     trials = v.split_candidates(kernel, tile, shape, bucket, target.sm_count, v.step_split_targets,
@@ -621,15 +621,6 @@ def _tune_split(
     return Entry(cfg, shared, ms, triton.__version__)
 
 
-def _compiled_fit(v: KernelVariant, kernel: str, cfg: GemmConfig, target: GpuTarget) -> int | None:
-    """``cfg``'s shared bytes when the compiler says it fits the target, else None. For a tile already chosen (a
-    lookup's, or a form of a timed tile): the analytic model only prunes searches, and it is an upper bound that can
-    rule out a tile the compiler fits (W4A16 gemm1 64x128x256-w8-s3 on sm_90: 290816 B by the model, 172032
-    compiled; the h200 cache's pick at 64 tokens per expert)."""
-    (shared,) = v.compiled_shared_bytes([(kernel, cfg)], target)
-    return shared if isinstance(shared, int) and target.fits(shared) else None
-
-
 def _with_shared(
     v: KernelVariant, kernel: str, target: GpuTarget, trials: list[tuple[GemmConfig, GemmConfig, int]]
 ) -> list[tuple[GemmConfig, int]]:
@@ -643,7 +634,7 @@ def _with_shared(
         if bare == tile.without_plan():
             fits[bare] = shared
         elif bare not in fits:
-            fits[bare] = _compiled_fit(v, kernel, bare, target)
+            fits[bare] = v.compiled_fit(kernel, bare, target)
         if trial not in out and fits[bare] is not None:
             out[trial] = fits[bare]
     return list(out.items())

@@ -67,6 +67,13 @@ class KernelVariant:
         """Shared bytes when ``cfg`` fits the target by the model and then by the compiler, else None."""
         if not target.fits(self.model_shared_bytes(kernel, cfg, target)):
             return None
+        return self.compiled_fit(kernel, cfg, target)
+
+    def compiled_fit(self, kernel: str, cfg: GemmConfig, target: GpuTarget) -> int | None:
+        """Shared bytes when the compiler says ``cfg`` fits the target, else None: for a tile already chosen (a
+        lookup's, or a form of a timed tile), where the model, an upper bound that only prunes searches, could rule
+        out a tile the compiler fits (W4A16 gemm1 64x128x256-w8-s3 on sm_90: 290816 B by the model, 172032
+        compiled; the h200 cache's pick at 64 tokens per expert)."""
         (shared,) = self.compiled_shared_bytes([(kernel, cfg)], target)
         return shared if isinstance(shared, int) and target.fits(shared) else None
 
