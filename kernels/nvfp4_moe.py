@@ -28,8 +28,9 @@ contiguous, activations are stored with each group of 32 K columns permuted to
 [0, 4, ..., 28, 1, 5, ..., 29, 2, ..., 30, 3, ..., 31]: columns 4c + q of a group are 8 adjacent
 values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way). Weights in the
 "kernel_wgmma" layout (LAYOUT 2) hold in word slot 8h + 2b + i of each 16 the word 4b + 2h + i, so the
-activations follow in a K order of period 64: column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i
-(``_permuted_column``); the loads are the same.
+activations follow in a K order of period 64: column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i
+(``_permuted_column``), so that a quarter's columns of a group are 16 adjacent values: whole 32-byte sectors
+(runs of 8 fetch every sector of the row twice, once for each of two quarters' 16-byte halves).
 
 Decode (``_decode_nvfp4``): a nibble's three magnitude bits placed at the bottom of the 16-bit
 type's exponent and the top of its mantissa, and its sign at bit 15, are exactly e2m1 * 2^-14
@@ -229,18 +230,21 @@ def _load_quarters(
     K,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    LAYOUT: tl.constexpr,
     INTERPRETER: tl.constexpr,
 ):
     """-> four [BLOCK_K // 4, BLOCK_M] tiles of K step k0, transposed; tile q holds K columns 4c + q."""
+    # a quarter's adjacent columns: 16 in the kernel_wgmma K order (period 64), else 8 (period 32)
+    RUN: tl.constexpr = 8 + 8 * (LAYOUT == 2)
     cols = tl.arange(0, BLOCK_K // 4)
-    # the column of word slot c's code 0 (in its group of 32 positions); code q's lies 8 * q further, in either K order
-    pos = k0 + (cols // 8) * 32 + cols % 8
+    # the column of word slot c's code 0 (in its group of 4 * RUN positions); code q's lies RUN * q further
+    pos = k0 + (cols // RUN) * (4 * RUN) + cols % RUN
     mask = row_ok[None, :] if EVEN_K else row_ok[None, :] & (pos < K)[:, None]
     ptrs = rows_ptr[None, :] + pos[:, None]
     x0 = tl.load(ptrs, mask=mask, other=0.0)
-    x1 = tl.load(ptrs + 8, mask=mask, other=0.0)
-    x2 = tl.load(ptrs + 16, mask=mask, other=0.0)
-    x3 = tl.load(ptrs + 24, mask=mask, other=0.0)
+    x1 = tl.load(ptrs + RUN, mask=mask, other=0.0)
+    x2 = tl.load(ptrs + 2 * RUN, mask=mask, other=0.0)
+    x3 = tl.load(ptrs + 3 * RUN, mask=mask, other=0.0)
     if INTERPRETER:
         return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
     else:
@@ -343,8 +347,8 @@ def permute_activation_tile(
     cols = (tile % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
-    if WGMMA:  # column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i (_permuted_column)
-        x = tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 64, 4, 2, 2, 4)), (0, 1, 3, 5, 2, 4))
+    if WGMMA:  # column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i (_permuted_column)
+        x = tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 64, 4, 2, 2, 4)), (0, 1, 5, 3, 2, 4))
         x = tl.reshape(x, (BLOCK_T, BLOCK_K))
     else:  # column 32g + 4c + q at 32g + 8q + c
         x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
@@ -371,7 +375,7 @@ def prepare_activations_kernel(
 def _permuted_column(n, WGMMA: tl.constexpr):
     """Position of K column n in the permuted activation layout (``permute_activation_tile``)."""
     if WGMMA:
-        return (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+        return (n // 64) * 64 + (n % 4) * 16 + ((n // 8) % 2) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
     else:
         return (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
 
@@ -507,7 +511,7 @@ def _gemm1_accumulate(
     # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
     tl.assume(k_end > k_begin)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         acc_g = _nvfp4_dot(
             acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
@@ -721,6 +725,7 @@ def nvfp4_moe_gemm2_kernel(
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
     HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
+    ONE_K_STEP: tl.constexpr = False,  # MULTI_TILE with I <= BLOCK_K: the activations loaded once for all tiles
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -734,7 +739,7 @@ def nvfp4_moe_gemm2_kernel(
                 pid_m, tl.load(block_expert_ptr + pid_m),
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES, ONE_K_STEP,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -743,7 +748,7 @@ def nvfp4_moe_gemm2_kernel(
                 _pid(0, BLOCKS_LAST), expert,
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
                 inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES,
+                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES, ONE_K_STEP,
             )  # fmt: skip
 
 
@@ -755,7 +760,7 @@ def _gemm2_block(
     k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr,
+    PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr, ONE_K_STEP: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -778,7 +783,7 @@ def _gemm2_block(
         acc_a = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         acc_b = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             acc_a = _nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
                                INTERPRETER)  # fmt: skip
             acc_b = _nvfp4_dot(acc_b, wb_rows, sb_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
@@ -791,10 +796,23 @@ def _gemm2_block(
         w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         let_next_launch(PDL)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+    elif ONE_K_STEP:  # several N tiles, K in one step: the block's activations are loaded once for every tile
+        programs = _nprog(1, BLOCKS_LAST)
+        my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
+        tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
+        h0, h1, h2, h3 = _load_quarters(h_rows, k_begin, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+        for tile in range(0, my_tiles):
+            offs_n, n_ok, offs_n_safe = tile_columns(pid_n + tile * programs, hidden_size, BLOCK_N)
+            w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se,
+                                         stride_sn)  # fmt: skip
+            acc = _nvfp4_dot(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_rows, s_rows, h0, h1, h2, h3,
+                             k_begin, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
+            _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
+        let_next_launch(PDL)
     else:
         programs = _nprog(1, BLOCKS_LAST)
         k_steps = tl.cdiv(inter_size, BLOCK_K)
@@ -809,7 +827,7 @@ def _gemm2_block(
             if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             k0 = kk * BLOCK_K
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, INTERPRETER)
+            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             if kk == k_steps - 1:
                 _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
@@ -973,4 +991,112 @@ def _route_program(
             tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
         for start in range(first_block * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
             offs = start + tl.arange(0, BLOCK)
+            tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
+
+
+@triton.jit
+def route_count_kernel(
+    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
+    counts_ptr,  # [chunks, E_PAD] int32 out: each chunk's pairs per expert
+    zero_ptr,  # [num_zero] int32 out: set to 0 (the split-K counters of the GEMMs that follow)
+    x_ptr,  # [T, H] activations to lay out for the GEMMs (PERMUTE), else unused
+    xp_ptr,  # [T, H] out: x in the permuted K order (PERMUTE)
+    num_pairs,
+    num_experts,
+    num_zero,
+    num_rows,  # T (PERMUTE)
+    x_cols,  # H (PERMUTE)
+    stride_xt,
+    stride_pt,
+    E_PAD: tl.constexpr,  # power of two >= num_experts
+    CHUNK: tl.constexpr,  # pairs a chunk
+    PERMUTE: tl.constexpr,  # programs past the chunks write x in the GEMMs' K order (prepare_activations_kernel)
+    PERMUTE_T: tl.constexpr,
+    PERMUTE_K: tl.constexpr,
+    WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
+):
+    """The first of the two launches of the chunked routing (``route_place_kernel`` is the second): program c of the
+    first cdiv(P, CHUNK) counts chunk c's pairs per expert (ids outside [0, E) are not counted) and zeroes its share
+    of ``zero_ptr``; with PERMUTE one program per activation tile follows them."""
+    c = tl.program_id(0)
+    chunks = tl.cdiv(num_pairs, CHUNK)
+    if c < chunks:
+        for start in range(c * CHUNK, num_zero, chunks * CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        ok = (ids >= 0) & (ids < num_experts)
+        counts = tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
+        tl.store(counts_ptr + c * E_PAD + tl.arange(0, E_PAD), counts)
+    elif PERMUTE:
+        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, c - chunks, PERMUTE_T,
+                                PERMUTE_K, WGMMA)  # fmt: skip
+
+
+@triton.jit
+def route_place_kernel(
+    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
+    counts_ptr,  # [chunks, E_PAD] int32: route_count_kernel's
+    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out: pair ids by expert, P = padding
+    block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
+    used_blocks_ptr,  # [1] int32 out: blocks 0 .. used - 1 hold pairs
+    num_pairs,
+    num_experts,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,  # power of two >= num_experts
+    CHUNK: tl.constexpr,  # pairs a chunk (route_count_kernel's)
+    ROWS: tl.constexpr,  # rows of the counts table read at a time
+):
+    """The second launch of the chunked routing: the same outputs as ``moe_align_kernel``'s sort. Every program adds
+    the counts table up (each expert's pairs, blocks and first block). Program c of the first cdiv(P, CHUNK) places
+    chunk c's pairs: sorted by (expert, pair), the j-th of them goes to its expert's first slot, plus the pairs of
+    that expert in the chunks before, plus its rank among the chunk's pairs of that expert; so pair ids come in
+    increasing order within an expert, as in the one-launch sort. Program chunks + e (e < E) writes expert e's padding
+    and block experts, and the last one the unused tail and the used block count."""
+    c = tl.program_id(0)
+    chunks = tl.cdiv(num_pairs, CHUNK)
+    offs_e = tl.arange(0, E_PAD)
+    totals = tl.zeros((E_PAD,), dtype=tl.int32)
+    before = tl.zeros((E_PAD,), dtype=tl.int32)  # pairs of each expert in the chunks before chunk c
+    for r0 in range(0, chunks, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        table = tl.load(counts_ptr + rows[:, None] * E_PAD + offs_e[None, :], mask=(rows < chunks)[:, None], other=0)
+        totals += tl.sum(table, axis=0)
+        before += tl.sum(tl.where((rows < c)[:, None], table, 0), axis=0)
+    blocks = (totals + BLOCK_M - 1) // BLOCK_M
+    first_block = tl.cumsum(blocks, axis=0) - blocks
+    if c < chunks:
+        local = tl.arange(0, CHUNK)
+        ids = tl.load(topk_ids_ptr + c * CHUNK + local, mask=c * CHUNK + local < num_pairs, other=-1)
+        ok = (ids >= 0) & (ids < num_experts)
+        # one key a pair: (expert, pair in the chunk); the pairs of no local expert sort last (expert E_PAD)
+        keys = tl.sort(tl.where(ok, ids, E_PAD).to(tl.int32) * CHUNK + local)
+        expert = keys // CHUNK
+        valid = expert < E_PAD
+        mine = tl.load(counts_ptr + c * E_PAD + offs_e)
+        # slot of the chunk's first pair of expert e, less the sorted position of that pair
+        first = first_block * BLOCK_M + before - (tl.cumsum(mine, axis=0) - mine)
+        slot = tl.gather(first, tl.where(valid, expert, 0), 0) + local
+        tl.store(sorted_ids_ptr + slot, c * CHUNK + keys % CHUNK, mask=valid)
+    elif c < chunks + num_experts:
+        e = c - chunks
+        count = tl.sum(tl.where(offs_e == e, totals, 0), axis=0)
+        my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
+        base = tl.sum(tl.where(offs_e == e, first_block, 0), axis=0)
+        for start in range(count, my_blocks * BLOCK_M, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            tl.store(sorted_ids_ptr + base * BLOCK_M + offs, num_pairs, mask=offs < my_blocks * BLOCK_M)
+        for start in range(0, my_blocks, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            tl.store(block_expert_ptr + base + offs, e, mask=offs < my_blocks)
+    else:
+        used = tl.sum(blocks, axis=0)
+        tl.store(used_blocks_ptr, used)
+        for start in range(used, num_blocks, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
+        for start in range(used * BLOCK_M, num_blocks * BLOCK_M, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
             tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)

@@ -142,13 +142,13 @@ def _activation_rows(act_ptr, sorted_ids_ptr, pid_m, num_pairs, rows_per_pair, s
 @gluon.jit
 def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.constexpr, WARPS: gl.constexpr):
     """cp.async of a K step's four activation quarters into ring slot ``slot``: quarter q is columns
-    k0 + 32g + 8q + j of the permuted K order, j < 8 (16 bytes)."""
+    k0 + 64g + 16q + j of the permuted K order, j < 16 (32 bytes: whole sectors, two threads' copies)."""
     x_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, _copy_layout(QK, WARPS)))
-    pos = x_rows[:, None] + (k0 + (x_cols // 8) * 32 + x_cols % 8)[None, :]
+    pos = x_rows[:, None] + (k0 + (x_cols // 16) * 64 + x_cols % 16)[None, :]
     cp.async_copy_global_to_shared(x0_s.index(slot), pos, mask=x_ok)
-    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 8, mask=x_ok)
-    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 16, mask=x_ok)
-    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 24, mask=x_ok)
+    cp.async_copy_global_to_shared(x1_s.index(slot), pos + 16, mask=x_ok)
+    cp.async_copy_global_to_shared(x2_s.index(slot), pos + 32, mask=x_ok)
+    cp.async_copy_global_to_shared(x3_s.index(slot), pos + 48, mask=x_ok)
 
 
 @gluon.jit
@@ -211,12 +211,12 @@ def _matrix_k_step(w_slot, s_slot, x0, x1, x2, x3, acc, BLOCK_N: gl.constexpr, Q
 @gluon.jit
 def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht):
     """h = SiLU(gate) * up, global scales and 2^7 (``nvfp4_moe.DECODE_UNSCALE``) applied, in the permuted K order of
-    the kernel_wgmma layout (as ``nvfp4_moe``'s: column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i)."""
+    the kernel_wgmma layout (as ``nvfp4_moe``'s: column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i)."""
     gs_gate = gl.load(wgs_ptr + e64 * stride_gse) * 128.0
     gs_up = gl.load(wgs_ptr + e64 * stride_gse + stride_gsg) * 128.0
     gate = acc_g * gs_gate
     h = gate / (1.0 + gl.exp(-gate)) * (acc_u * gs_up)
-    col = (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+    col = (n // 64) * 64 + (n % 4) * 16 + ((n // 8) % 2) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
     gl.store(h_ptr + pair_safe[None, :] * stride_ht + col[:, None], h.to(gl.bfloat16), mask=ok)
 
 

@@ -131,6 +131,36 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
     return max(16, min(1024, triton.next_power_of_2(num_pairs))), 4
 
 
+# From this many pairs (GLM-5 B >= 1024) the routing is two launches over chunks of the ids (``route_chunked``)
+# instead of E + 1 programs that each walk all of them.
+CHUNKED_ROUTE_PAIRS = 8192
+ROUTE_CHUNK = 2048  # pairs a program of the chunked routing
+
+
+def route_chunked(ids, num_experts, block_m, sorted_ids, block_expert, used_blocks, zero, permute, wgmma) -> None:
+    """The routing as two launches over chunks of ``ROUTE_CHUNK`` pairs: the first counts each chunk's pairs per
+    expert (and lays out the activations, zeroes ``zero``), the second adds the counts up and places each chunk's
+    pairs where the one-launch sort would (the same outputs). Its programs each read CHUNK ids and the table of
+    counts, where the one-launch sort's E + 1 programs each read all P ids twice."""
+    num_pairs = ids.numel()
+    chunks = triton.cdiv(num_pairs, ROUTE_CHUNK)
+    e_pad = max(16, triton.next_power_of_2(num_experts))
+    counts = torch.empty((chunks, e_pad), dtype=torch.int32, device=ids.device)
+    x, xp = permute if permute is not None else (used_blocks, used_blocks)
+    num_rows, x_cols = x.shape if permute is not None else (0, 0)
+    tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
+    _k.route_count_kernel[(chunks + tiles,)](
+        ids, counts, used_blocks if zero is None else zero, x, xp, num_pairs, num_experts,
+        0 if zero is None else zero.numel(), num_rows, x_cols, x.stride(0), xp.stride(0),
+        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=permute is not None, PERMUTE_T=PERMUTE_T, PERMUTE_K=PERMUTE_K,
+        WGMMA=wgmma, num_warps=8,
+    )  # fmt: skip
+    _k.route_place_kernel[(chunks + num_experts + 1,)](
+        ids, counts, sorted_ids, block_expert, used_blocks, num_pairs, num_experts, block_expert.numel(),
+        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=ROUTE_CHUNK, ROWS=16, num_warps=8,
+    )  # fmt: skip
+
+
 def route_pairs(
     topk_ids: torch.Tensor,
     num_experts: int,
@@ -142,7 +172,8 @@ def route_pairs(
     layout: str = "checkpoint",
     each_pair: bool = False,
 ) -> Route:
-    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch.
+    """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch (two from
+    ``CHUNKED_ROUTE_PAIRS`` pairs: ``route_chunked``).
 
     Pair ids in a block are in increasing order; slots past an expert's count hold P (padding).
     Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
@@ -167,6 +198,10 @@ def route_pairs(
     used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
     x, xp = permute if permute is not None else (used_blocks, used_blocks)
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
+    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl:
+        route_chunked(ids, num_experts, block_m, sorted_ids, block_expert, used_blocks, zero, permute,
+                      _wgmma_order(layout, x_cols))  # fmt: skip
+        return Route(sorted_ids, block_expert, used_blocks)
     tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
     block, warps = route_block(num_pairs, num_experts)
     routers = 1 if each_pair else num_experts + 1
@@ -229,7 +264,7 @@ def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Te
     """[T, K] bf16/fp16 -> [T, K], same dtype, in the K order the GEMM kernels read for weights in ``layout``
     (``nvfp4.LAYOUTS``; ``sglang_glm5.kernels.nvfp4_moe``): each group of 32 columns as
     [0, 4, .., 28, 1, 5, .., 31] (K % 32 == 0), or for "kernel_wgmma" column 64g + 16b + 8h + 4i + q at
-    64g + 32h + 8q + 2b + i (K % 64 == 0)."""
+    64g + 16q + 8h + 2b + i (K % 64 == 0)."""
     num_rows, k = x.shape
     wgmma = _wgmma_order(layout, k)
     xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
@@ -294,16 +329,18 @@ def sum_over_slots(
 _AOT_POINTERS = {
     "topk_ids_ptr": "*i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
     "zero_ptr": "*i32", "x_ptr": "*bf16", "xp_ptr": "*bf16", "y_ptr": "*fp32", "row_map_ptr": "*i32",
-    "out_ptr": "*bf16",
+    "out_ptr": "*bf16", "counts_ptr": "*i32",
 }  # fmt: skip
 
 
 def aot_job(kernel: str, consts: dict, arch: int, num_warps: int = 4) -> str:
-    """One ahead-of-time compile of a small launch ("align": the routing, "sum": the top-k sum) for ``sm_{arch}``
-    (``sglang_glm5.aot`` worker; no GPU needed): its PTX. The op compiles these when it first runs."""
+    """One ahead-of-time compile of a small launch ("align": the routing, "count" and "place": the chunked routing's
+    two, "sum": the top-k sum) for ``sm_{arch}`` (``sglang_glm5.aot`` worker; no GPU needed): its PTX. The op
+    compiles these when it first runs."""
     from sglang_glm5.tiles import GemmConfig, compile_for_target
 
-    fn = {"align": _k.moe_align_kernel, "sum": _k.moe_sum_kernel}[kernel]
+    fn = {"align": _k.moe_align_kernel, "count": _k.route_count_kernel, "place": _k.route_place_kernel,
+          "sum": _k.moe_sum_kernel}[kernel]  # fmt: skip
     warps = GemmConfig(16, 64, 64, num_warps=num_warps, num_stages=1)  # only the warp count is read
     ints = {a for a in fn.arg_names if a not in consts and a not in _AOT_POINTERS}
     return compile_for_target(fn, consts, warps, arch, _AOT_POINTERS, ints).asm["ptx"]

@@ -126,8 +126,7 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
     "num_tokens,top_k,num_experts,block_m",
     [
         (1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16),
-        # prefill sizes: from routing.WIDE_ROUTE_PAIRS pairs the launch walks the ids in steps of 8192 (32 experts)
-        # or 4096 (65: over 64), here with a partial last step
+        # prefill sizes: from routing.CHUNKED_ROUTE_PAIRS pairs two launches over chunks of the ids, the last partial
         (4100, 8, 32, 128), (4097, 8, 65, 64),
     ],
 )  # fmt: skip
@@ -136,6 +135,30 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     ours = align_pairs_by_expert(ids.to(device), num_experts, block_m)
     ref = align_pairs_by_expert_reference(ids, num_experts, block_m)
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
+
+
+@pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [(50, 8, 8, 16), (37, 4, 40, 32), (64, 8, 3, 64)])
+def test_the_chunked_routing_matches_the_one_launch_sort(num_tokens, top_k, num_experts, block_m, gen, device,
+                                                         monkeypatch):  # fmt: skip
+    # Chunks of 64 pairs (the last partial; chunks with no pair of some experts, experts with none), activations laid
+    # out and counters zeroed by the same launches: every output equal to the one-launch sort's, the reference's.
+    from sglang_glm5 import routing
+
+    ids = torch.randint(-1, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32).to(device)
+    x = torch.randn(num_tokens, 128, generator=gen).bfloat16().to(device)
+    outs = []
+    for chunked in (False, True):
+        monkeypatch.setattr(routing, "CHUNKED_ROUTE_PAIRS", 64 if chunked else 1 << 40)
+        monkeypatch.setattr(routing, "ROUTE_CHUNK", 64)
+        xp = torch.full_like(x, float("nan"))
+        zero = torch.full((300,), 7, dtype=torch.int32, device=device)
+        route = routing.route_pairs(ids, num_experts, block_m, zero=zero, permute=(x, xp), layout="kernel_wgmma")
+        outs.append((*route, xp, zero))
+    for one, two in zip(*outs, strict=True):
+        assert torch.equal(one, two)
+    assert not outs[1][-1].any() and torch.equal(outs[1][-2], routing.prepare_activations(x, "kernel_wgmma"))
+    ref = align_pairs_by_expert_reference(ids.cpu(), num_experts, block_m)
+    assert torch.equal(outs[1][0].cpu(), ref[0]) and torch.equal(outs[1][1].cpu(), ref[1])
 
 
 # (tokens, hidden, weight layout): 37 rows, a partial tile; 288 / 320 columns, a masked K tile
@@ -155,8 +178,8 @@ def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, layout,
     alone = routing.route_pairs(ids, 8, 16)
     assert all(torch.equal(a, b) for a, b in zip(route, alone, strict=True))
     n = torch.arange(hidden)
-    if layout == "kernel_wgmma":  # column 64g + 16b + 8h + 4i + q at 64g + 32h + 8q + 2b + i
-        pos = (n // 64) * 64 + ((n // 8) % 2) * 32 + (n % 4) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
+    if layout == "kernel_wgmma":  # column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i
+        pos = (n // 64) * 64 + (n % 4) * 16 + ((n // 8) % 2) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
     else:  # column 32g + 4c + q at 32g + 8q + c
         pos = (n // 32) * 32 + (n % 4) * 8 + (n % 32) // 4
     assert torch.equal(xp.cpu()[:, pos], x.cpu())
@@ -357,14 +380,14 @@ def test_replays_from_a_cuda_graph_with_new_inputs(gen, device):
         assert ((got - want).norm() / want.norm()) < 1e-2
 
 
-@pytest.mark.parametrize("per_program", [2, 3, 8])
-def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, gen, device):
+@pytest.mark.parametrize("per_program,inter", [(2, 128), (3, 128), (8, 128), (3, 64)])
+def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, inter, gen, device):
     # gemm2's multi-tile loop (several N tiles per program, in strides of the program count) does the
     # same arithmetic in the same K order as one tile per program: bit-identical output, every tile
-    # written once (7 tiles of 32: uneven splits).
+    # written once (7 tiles of 32: uneven splits). I = 64 is one K step: the activations are loaded once.
     from sglang_glm5 import routing
 
-    num_experts, hidden, inter, top_k = 4, 224, 128, 2
+    num_experts, hidden, top_k = 4, 224, 2
     layer = random_layer(num_experts, hidden, inter, gen)
     weights, ids = random_routing(10, num_experts, top_k, gen)
     h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)

@@ -21,6 +21,12 @@ ALIGN = [
         (False, True, True, 32, 128, WIDE_BLOCK, WIDE_WARPS),
     ]
 ]  # fmt: skip
+# the chunked routing (prefill sizes): its two launches as route_chunked makes them, GLM-5's 32 and 256 experts
+CHUNKED = [
+    ("count", {"E_PAD": 32, "CHUNK": routing.ROUTE_CHUNK, "PERMUTE": True, "PERMUTE_T": routing.PERMUTE_T,
+               "PERMUTE_K": routing.PERMUTE_K, "WGMMA": True}, 8),
+    ("place", {"BLOCK_M": 128, "E_PAD": 256, "CHUNK": routing.ROUTE_CHUNK, "ROWS": 16}, 8),
+]  # fmt: skip
 SUM = [
     ({"TOP_K": 8, "SPLITS": splits, "BLOCK_H": block_h, "HAS_ROW_MAP": row_map, "INTERPRETER": False, "PDL": True},
      routing.SUM_WARPS)
@@ -37,3 +43,9 @@ def test_small_launches_compile_for_sm120_and_sm90():
     for (kernel, consts, arch, _), ptx in zip(jobs, results, strict=True):
         assert isinstance(ptx, str) and f".target sm_{arch}" in ptx, f"{kernel} {consts} sm_{arch}: {str(ptx)[:200]}"
         assert "griddepcontrol.wait" in ptx, f"{kernel} sm_{arch}: PDL waits for the kernel before it"
+
+
+def test_the_chunked_routing_compiles_for_sm120_and_sm90():
+    jobs = [[kernel, consts, arch, warps] for arch in (120, 90) for kernel, consts, warps in CHUNKED]
+    for (kernel, _, arch, _), ptx in zip(jobs, run_jobs("sglang_glm5.routing:aot_job", jobs), strict=True):
+        assert isinstance(ptx, str) and f".target sm_{arch}" in ptx, f"{kernel} sm_{arch}: {str(ptx)[:300]}"

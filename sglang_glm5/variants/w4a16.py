@@ -92,8 +92,9 @@ def search_space(bucket) -> list[GemmConfig]:
         space = itertools.product((16,), (64, 128), (128, 256), (3, 4), (4, 8))
     elif bucket <= 64:
         space = itertools.product((16, 32, 64), (64, 128), (128, 256), (3, 4), (4, 8))
-    else:
-        space = itertools.product((64, 128), (64, 128, 256), (64, 128), (3, 4), (4, 8))
+    else:  # and 256-deep 8-warp tiles: a K of 256 (GLM-5 TP8's gemm2) is then one step, its activations loaded once
+        space = itertools.chain(itertools.product((64, 128), (64, 128, 256), (64, 128), (3, 4), (4, 8)),
+                                itertools.product((64, 128), (128, 256), (256,), (2, 3), (8,)))  # fmt: skip
     fits = {4: (64, 128), 8: (128, 256)}  # weight rows per program for each warp count
     return [GemmConfig(bm, bn, bk, w, st) for bm, bn, bk, st, w in space if bn in fits[w]]
 
@@ -152,7 +153,8 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
 # gemm1 with or without a split K, or as a stream-K schedule; gemm2 with one N tile per program, several, or a
-# split K. They can differ by a few KB of shared memory; a config must fit all. The split forms are compiled with
+# split K, or several N tiles on activations loaded once where K is one step. They can differ by a few KB of shared
+# memory; a config must fit all. The split forms are compiled with
 # 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
 # last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
@@ -167,6 +169,7 @@ FORMS = {
     "gemm2": (
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
         {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
+        {"MULTI_TILE": True, "ONE_K_STEP": True, "SPLITS": 1, "BLOCK_LOOP": False},  # where I <= block_k
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # only where ``halves`` allows it
@@ -184,6 +187,7 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     }  # fmt: skip
     if kernel == "gemm2":
         consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
+        consts["ONE_K_STEP"] = False  # several tiles on activations loaded once (a form sets it)
     else:
         consts["STREAM"] = False  # the stream-K schedule (a form sets it)
     consts.update(form or FORMS[kernel][0])
@@ -643,6 +647,7 @@ def launch_gemm2(
         BLOCK_K=cfg.block_k,
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
+        ONE_K_STEP=per_program > 1 and h.shape[1] <= cfg.block_k,
         HALVES=halves(cfg, per_program),
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
