@@ -387,3 +387,30 @@ def test_prefill_tiles_match_reference_and_the_triton_kernels(label, tokens, gen
     )
     triton_out = moe.fused_moe(*args, config=plain, **kw)
     assert _rel(out, triton_out.cpu().double()) < 1e-3, "the Triton kernels with the same tile"
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_the_grid_order_gives_the_same_bits(splits, gen, device, monkeypatch):
+    # N tiles first or blocks first (the launch's blocks_last; the prefill tiles take N tiles first): the same
+    # programs, so the same h, bit for bit, split or not (the split counters are indexed by the grid's order).
+    _gpu_case(device, monkeypatch)
+    layer = random_layer(8, 1024, 512, gen)
+    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
+    x = torch.randn(150, 1024, generator=gen).bfloat16().to(device)
+    _, ids = random_routing(150, 8, 4, gen)
+    tile = GemmConfig.from_label("64x128x128-w8-s3-gl")
+    xp = torch.empty_like(x)
+    route = routing.route_pairs(ids.to(device), 8, tile.block_m, permute=(x, xp), layout=bundle.layout)
+    k_splits = w4a16.k_splits(1024, tile.block_k, splits)
+    outs = []
+    for blocks_last in (False, True):
+        counters = torch.zeros(w4a16_gluon.counters_needed(route.block_expert.numel(), 512, tile), dtype=torch.int32,
+                               device=device)  # fmt: skip
+        h = torch.zeros(ids.numel(), 512, dtype=torch.bfloat16, device=device)
+        w4a16_gluon.launch(xp, bundle.w13, bundle.w13_scale, bundle.w13_scale_2, route, h, 4, *bundle.gate_up_rows,
+                           splits=k_splits[0], k_per_split=k_splits[1], counters=counters, pdl=False, tile=tile,
+                           blocks_last=blocks_last)  # fmt: skip
+        assert not counters.any(), "the last program of each tile leaves its counter zero"
+        outs.append(h)
+    assert outs[0].abs().amax() > 0
+    assert torch.equal(outs[0], outs[1])

@@ -61,6 +61,14 @@ PREFILL_KERNELS = ("gemm1",)
 # routing (bench/exp/prefill_gluon.py, run 34): 0.927x the 128x128x128-w8-s3 gate-then-up tile at EP8 B = 4096 and
 # 8192, 0.895x (N tiles first) the 64x128x256-w8-s3 Gluon tile at TP8 B = 8192, 0.963x at TP8 B = 4096.
 PREFILL_TILES = (GemmConfig(128, 128, 256, num_warps=8, num_stages=2, gluon=True, gate_then_up=True),)
+# The chunked-prefill tiles (routing blocks of 64 or more pairs) launch gemm1 with its N tiles first in the grid
+# (``launch``'s blocks_last): the programs in flight then share a few blocks' activation rows in L2, where with the
+# blocks first every N tile reads all of them again. H200, GLM-5, the op at real routing with the shipped tiles
+# (bench/README.md, run 35): 0.965x (EP8) and 0.983x (TP8) at B = 8192, 0.985-0.992x at B = 2048 and 4096. Unsplit
+# only: that is what was measured (no shipped prefill entry splits K at GLM-5's sizes), and the split form in this
+# order has not run on a GPU.
+BLOCKS_LAST_FROM_M = 64
+MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
 # 2-stage gemm1 tiles of 64 rows in the gate-then-up order are compiled for at most 128 registers, so that four
 # programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
@@ -121,12 +129,13 @@ def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
     *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
-    lookahead: int = LOOKAHEAD, blocks_last: bool = False,
+    lookahead: int = LOOKAHEAD, blocks_last: bool | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
     config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight;
-    ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side."""
+    ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing blocks
+    of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
@@ -141,6 +150,8 @@ def launch(
         part = torch.empty((splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element
     blocks, n_tiles, split_axis = _g.grid(num_blocks, inter, tile.block_n, splits)
+    if blocks_last is None:
+        blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1 and blocks <= MAX_GRID_Y
     _g.nvfp4_moe_gemm1_gluon_kernel[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
         route.used_blocks if counters is None else counters,
