@@ -978,20 +978,36 @@ def _route_program(
             rank = placed + tl.cumsum(hit, axis=0) - 1
             tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)
             placed += tl.sum(hit, axis=0)
-        for start in range(count, my_blocks * BLOCK_M, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(sorted_ids_ptr + base + offs, num_pairs, mask=offs < my_blocks * BLOCK_M)
-        for start in range(0, my_blocks, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(block_expert_ptr + first_block + offs, e, mask=offs < my_blocks)
+        _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, first_block, my_blocks, num_pairs, BLOCK_M, BLOCK)
     else:
-        tl.store(used_blocks_ptr, first_block)
-        for start in range(first_block, num_blocks, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
-        for start in range(first_block * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
+        _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, first_block, num_blocks, num_pairs, BLOCK_M,
+                       BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, first, blocks, num_pairs, BLOCK_M: tl.constexpr,
+                   BLOCK: tl.constexpr):  # fmt: skip
+    """Expert e's routing blocks first .. first + blocks - 1 (its count pairs already placed): P in the padding slots
+    after its pairs, e as the blocks' expert."""
+    for start in range(count, blocks * BLOCK_M, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(sorted_ids_ptr + first * BLOCK_M + offs, num_pairs, mask=offs < blocks * BLOCK_M)
+    for start in range(0, blocks, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(block_expert_ptr + first + offs, e, mask=offs < blocks)
+
+
+@triton.jit
+def _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, used, num_blocks, num_pairs,
+                   BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The blocks past the used ones: expert -1, every slot P; and the used block count."""
+    tl.store(used_blocks_ptr, used)
+    for start in range(used, num_blocks, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
+    for start in range(used * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
 
 
 @triton.jit
@@ -1085,18 +1101,7 @@ def route_place_kernel(
         count = tl.sum(tl.where(offs_e == e, totals, 0), axis=0)
         my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
         base = tl.sum(tl.where(offs_e == e, first_block, 0), axis=0)
-        for start in range(count, my_blocks * BLOCK_M, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            tl.store(sorted_ids_ptr + base * BLOCK_M + offs, num_pairs, mask=offs < my_blocks * BLOCK_M)
-        for start in range(0, my_blocks, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            tl.store(block_expert_ptr + base + offs, e, mask=offs < my_blocks)
+        _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, base, my_blocks, num_pairs, BLOCK_M, CHUNK)
     else:
-        used = tl.sum(blocks, axis=0)
-        tl.store(used_blocks_ptr, used)
-        for start in range(used, num_blocks, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
-        for start in range(used * BLOCK_M, num_blocks * BLOCK_M, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
+        _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, tl.sum(blocks, axis=0), num_blocks,
+                       num_pairs, BLOCK_M, CHUNK)  # fmt: skip
