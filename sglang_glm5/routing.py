@@ -125,7 +125,10 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
     from ``WIDE_ROUTE_PAIRS`` pairs (GLM-5 B >= 4096) 8192 on 8 warps, 4096 above 64 experts (whose histogram
     is wider). H200 (bench/README.md, run 24): at B = 8192 the launch took 74 against 186 us (EP8, 32 experts)
     and 162 against 225 us (TP8, 256), at B = 16384 142 against 359 and 326 against 444; at B = 2048 the narrow
-    step was as fast or faster (TP8 59 us against 67-82)."""
+    step was as fast or faster (TP8 59 us against 67-82). From ``CHUNKED_ROUTE_PAIRS`` pairs the op routes in two
+    launches instead (``route_chunked``; run 35: 104 against 272 us for TP8's two routings at B = 8192), so the wide
+    step serves only a one-launch routing asked for with PDL at those sizes (the op asks for PDL only below one token
+    per expert)."""
     if num_pairs >= WIDE_ROUTE_PAIRS:
         return (8192 if num_experts <= 64 else 4096), 8
     return max(16, min(1024, triton.next_power_of_2(num_pairs))), 4
