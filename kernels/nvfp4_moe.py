@@ -931,9 +931,7 @@ def _route_each_pair(
     """``moe_align_kernel`` for a few pairs (num_blocks <= BLOCKS_PAD, a power of two): block r holds the r-th valid
     pair alone (pair order), blocks past the valid pairs get expert -1. Two pairs of one expert take two blocks, so
     no sort and no histogram: one program."""
-    for start in range(0, num_zero, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+    _zero_share(zero_ptr, num_zero, 0, 1, BLOCK)
     b = tl.arange(0, BLOCKS_PAD)
     ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1)
     ok = (ids >= 0) & (ids < num_experts)
@@ -954,9 +952,7 @@ def _route_program(
     num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
-    for start in range(e * BLOCK, num_zero, (num_experts + 1) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+    _zero_share(zero_ptr, num_zero, e, num_experts + 1, BLOCK)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, num_pairs, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -982,6 +978,15 @@ def _route_program(
     else:
         _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, first_block, num_blocks, num_pairs, BLOCK_M,
                        BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _zero_share(zero_ptr, num_zero, program, programs, BLOCK: tl.constexpr):
+    """Program ``program`` of ``programs`` zeroes its share of ``zero_ptr`` (the split-K counters): BLOCK entries in
+    every ``programs`` * BLOCK from program * BLOCK."""
+    for start in range(program * BLOCK, num_zero, programs * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
 
 
 @triton.jit
@@ -1037,9 +1042,7 @@ def route_count_kernel(
     c = tl.program_id(0)
     chunks = tl.cdiv(num_pairs, CHUNK)
     if c < chunks:
-        for start in range(c * CHUNK, num_zero, chunks * CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
+        _zero_share(zero_ptr, num_zero, c, chunks, CHUNK)
         offs = c * CHUNK + tl.arange(0, CHUNK)
         ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
         ok = (ids >= 0) & (ids < num_experts)

@@ -248,7 +248,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     GATE_THEN_UP: gl.constexpr,  # a K step's four gate quarters, then up's (else each quarter's gate and up)
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
-    BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (experiments; off)
+    BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (prefill tiles)
 ):  # fmt: skip
     """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)

@@ -140,22 +140,21 @@ CHUNKED_ROUTE_PAIRS = 8192
 ROUTE_CHUNK = 2048  # pairs a program of the chunked routing
 
 
-def route_chunked(ids, num_experts, block_m, sorted_ids, block_expert, used_blocks, zero, permute, wgmma) -> None:
-    """The routing as two launches over chunks of ``ROUTE_CHUNK`` pairs: the first counts each chunk's pairs per
-    expert (and lays out the activations, zeroes ``zero``), the second adds the counts up and places each chunk's
-    pairs where the one-launch sort would (the same outputs). Its programs each read CHUNK ids and the table of
-    counts, where the one-launch sort's E + 1 programs each read all P ids twice."""
+def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: int, wgmma: bool) -> None:
+    """The routing into ``route``'s tensors as two launches over chunks of ``ROUTE_CHUNK`` pairs: the first counts
+    each chunk's pairs per expert (and lays out the activations x into xp in ``tiles`` programs, zeroes ``zero``), the
+    second adds the counts up and places each chunk's pairs where the one-launch sort would (the same outputs). Its
+    programs each read CHUNK ids and the table of counts, where the one-launch sort's E + 1 programs each read all P
+    ids twice."""
+    sorted_ids, block_expert, used_blocks = route
     num_pairs = ids.numel()
     chunks = triton.cdiv(num_pairs, ROUTE_CHUNK)
     e_pad = max(16, triton.next_power_of_2(num_experts))
     counts = torch.empty((chunks, e_pad), dtype=torch.int32, device=ids.device)
-    x, xp = permute if permute is not None else (used_blocks, used_blocks)
-    num_rows, x_cols = x.shape if permute is not None else (0, 0)
-    tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
     _k.route_count_kernel[(chunks + tiles,)](
         ids, counts, used_blocks if zero is None else zero, x, xp, num_pairs, num_experts,
-        0 if zero is None else zero.numel(), num_rows, x_cols, x.stride(0), xp.stride(0),
-        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=permute is not None, PERMUTE_T=PERMUTE_T, PERMUTE_K=PERMUTE_K,
+        0 if zero is None else zero.numel(), *(x.shape if tiles else (0, 0)), x.stride(0), xp.stride(0),
+        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=tiles > 0, PERMUTE_T=PERMUTE_T, PERMUTE_K=PERMUTE_K,
         WGMMA=wgmma, num_warps=8,
     )  # fmt: skip
     _k.route_place_kernel[(chunks + num_experts + 1,)](
@@ -199,13 +198,13 @@ def route_pairs(
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
     used_blocks = torch.empty(1, dtype=torch.int32, device=ids.device)
+    route = Route(sorted_ids, block_expert, used_blocks)
     x, xp = permute if permute is not None else (used_blocks, used_blocks)
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
-    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl:
-        route_chunked(ids, num_experts, block_m, sorted_ids, block_expert, used_blocks, zero, permute,
-                      _wgmma_order(layout, x_cols))  # fmt: skip
-        return Route(sorted_ids, block_expert, used_blocks)
     tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
+    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl:
+        route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols))
+        return route
     block, warps = route_block(num_pairs, num_experts)
     routers = 1 if each_pair else num_experts + 1
     _k.moe_align_kernel[(routers + tiles,)](
@@ -236,7 +235,7 @@ def route_pairs(
         launch_pdl=pdl,
         num_warps=warps,
     )
-    return Route(sorted_ids, block_expert, used_blocks)
+    return route
 
 
 def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
