@@ -331,6 +331,25 @@ def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
     assert w4a16.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
 
 
+def test_one_k_step_tiles_are_offered_for_gemm2_where_i_is_one_step():
+    # From 64 tokens per expert the tuner times gemm2's one-step tiles beside its leaders where I fits one K step
+    # (GLM-5 TP8, I = 256), never for gemm1 or where I takes several steps (EP8, I = 2048), nor at decode buckets.
+    lead = GemmConfig(64, 256, 256, 8, 3)
+    found = [c for c in w4a16.split_candidates("gemm2", lead, TP8, 256, 132) if c.one_k_step]
+    assert found == list(w4a16.ONE_STEP_TILES)
+    assert all(c.block_m == 128 and c.block_k == 256 for c in found)
+    assert not [c for c in w4a16.split_candidates("gemm2", lead, EP8, 256, 132) if c.one_k_step]
+    assert not [c for c in w4a16.split_candidates("gemm1", lead, TP8, 256, 132) if c.one_k_step]
+    assert not [c for c in w4a16.split_candidates("gemm2", lead, TP8, 64, 132) if c.one_k_step]
+    # a one-step tile keeps 2+ N tiles a program however few blocks the call has (its only form)
+    one = w4a16.ONE_STEP_TILES[0]
+    plan = w4a16.plan_gemms(tiles.MoeConfig(lead, one), 8, TP8.num_experts, TP8.all_experts, TP8.hidden, TP8.inter,
+                            132)  # fmt: skip
+    assert plan.per_program >= 2 and plan.gemm2.splits == 1
+    assert w4a16.plan_gemms(tiles.MoeConfig(lead, lead), 8, TP8.num_experts, TP8.all_experts, TP8.hidden, TP8.inter,
+                            132).per_program == 1  # fmt: skip
+
+
 def test_a_split_target_and_a_fixed_split_count_exclude_each_other():
     with pytest.raises(ValueError, match="programs_per_sm"):
         GemmConfig(16, 64, 256, 4, 3, split_k=2, programs_per_sm=1)

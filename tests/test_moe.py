@@ -405,6 +405,33 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, inter, 
         w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=0)
 
 
+def test_a_one_k_step_gemm2_tile_gives_the_same_bits_and_runs_only_so(gen, device):
+    # GemmConfig.one_k_step: the same kernel form the op takes for any tile with I <= block_k and several N tiles a
+    # program (activations loaded once), so the same bits as the tile unmarked; a launch that cannot run it so
+    # (one tile a program, or I deeper than block_k) is refused, not run in a form its shared memory was not
+    # checked for.
+    from sglang_glm5 import routing
+
+    num_experts, hidden, inter, top_k = 4, 224, 64, 2
+    layer = random_layer(num_experts, hidden, inter, gen)
+    weights, ids = random_routing(9, num_experts, top_k, gen)
+    h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
+    plain, one = GemmConfig(16, 32, 64), GemmConfig(16, 32, 64, one_k_step=True)
+    route = routing.route_pairs(ids.to(device), num_experts, plain.block_m)
+    args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
+    outs = []
+    for cfg in (plain, one):
+        y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
+        w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=3)
+        outs.append(y.cpu())
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="K in one step and several N tiles a program"):
+        w4a16.launch_gemm2(*args, y, one, routing.interpreting(), per_program=1)
+    deep = torch.randn(ids.numel(), 2 * inter, generator=gen).bfloat16().to(device)
+    with pytest.raises(ValueError, match="needs I <= 64"):
+        w4a16.launch_gemm2(deep, *args[1:], y, one, routing.interpreting(), per_program=3)
+
+
 @pytest.mark.parametrize("text", ["8,0,128", "8,256,0", "0,256,128", "8,48,128"])
 def test_shapes_without_a_k_step_are_refused(text):
     # The kernels assume every K loop runs at least once: a layer shape with H or I = 0 is an error.

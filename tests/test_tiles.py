@@ -97,14 +97,17 @@ def test_resolve_targets():
 
 @pytest.mark.parametrize("cfg", [
     GemmConfig(16, 128, 256, 4, 3), GemmConfig(128, 256, 64, 8, 3, split_k=2), GemmConfig(16, 64, 256, 4, 3,
-    programs_per_sm=1), GemmConfig(16, 128, 256, 4, 3, stream=2),
+    programs_per_sm=1), GemmConfig(16, 128, 256, 4, 3, stream=2), GemmConfig(128, 128, 256, 8, 3, one_k_step=True),
 ])  # fmt: skip
 def test_a_config_label_reads_back_as_the_config(cfg):
     assert GemmConfig.from_label(cfg.label) == cfg
 
 
 @pytest.mark.parametrize("label", ["16x128x256-w4", "16x128-w4-s3", "16x128x256-w4-s3-k2-p1", "16x128x256-w3-s3",
-                                   "16x128x256-w4-s3-sk2-p1", "16x128x256-w4-s3-sk9"])  # fmt: skip
+                                   "16x128x256-w4-s3-sk2-p1", "16x128x256-w4-s3-sk9",
+                                   # gemm2's one K step does not split, and the Gluon gemm2 has no such form
+                                   "128x128x256-w8-s3-k2-1k", "128x128x256-w8-s3-gl-1k",
+                                   "128x128x256-w8-s3-1k-gl"])  # fmt: skip
 def test_a_malformed_or_invalid_label_is_refused(label):
     with pytest.raises(ValueError):
         GemmConfig.from_label(label)
@@ -130,3 +133,16 @@ def test_a_config_without_its_plan_is_the_same_tile():
     for planned in (GemmConfig(16, 128, 256, 4, 3, split_k=2), GemmConfig(16, 128, 256, 4, 3, programs_per_sm=1),
                     GemmConfig(16, 128, 256, 4, 3, stream=2)):  # fmt: skip
         assert planned.has_plan and planned.without_plan() == tile
+
+
+def test_a_one_k_step_tile_is_sized_for_the_one_form_it_runs_in():
+    # GLM-5 TP8's gemm2 (I = 256) with routing blocks of 128 pairs: the 3-stage 128x128x256 tile fits sm_90 only in
+    # the form that loads the activations once (233472 B in the forms that loop over K, past 232448: run 35), so a
+    # config marked one_k_step is compiled in that form alone, and refused for gemm1.
+    h200 = resolve("h200")
+    cfg = GemmConfig.from_label("128x128x256-w8-s3-1k")
+    shared = w4a16.compiled_shared_bytes("gemm2", cfg, h200, memo=False)
+    assert h200.fits(shared) and h200.fits(w4a16.model_shared_bytes("gemm2", cfg, h200))
+    assert shared < 128 * 256 * 2 + 3 * (128 * 256 // 2 + 128 * 256 // 16) + 128 * 128 * 4  # one activation tile
+    with pytest.raises(ValueError, match="one_k_step is a form of gemm2"):
+        w4a16._compiled_shared("gemm1", cfg, 90)

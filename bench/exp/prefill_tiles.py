@@ -14,7 +14,8 @@ real routing per layout (weights far larger than L2):
 
 Each op's output is compared with the cached tiles' (max relative difference) and, for the combination, with the
 bf16 path's (relative Frobenius error).
-Usage: python bench/exp/prefill_tiles.py OUT_DIR   (EXP_BATCHES, default 8192; EXP_G1, EXP_G2: comma-separated tiles)
+Usage: python bench/exp/prefill_tiles.py OUT_DIR   (EXP_BATCHES, default 8192; EXP_G1, EXP_G2: comma-separated tiles,
+empty for none; EXP_LAYOUTS, default ep8,tp8)
 """
 
 import dataclasses
@@ -34,14 +35,15 @@ from sglang_glm5.tiles import GemmConfig
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8192").split(","))
 REPEATS = 3
-G1 = tuple(os.environ.get("EXP_G1", ",".join((
+G1 = tuple(t for t in os.environ.get("EXP_G1", ",".join((
     "128x128x64-w8-s3", "128x128x64-w8-s4", "128x128x128-w8-s2", "64x128x128-w8-s3", "128x64x128-w4-s3",
     "128x64x64-w4-s4", "256x64x64-w8-s3", "256x128x64-w8-s3",
-))).split(","))  # fmt: skip
-G2 = tuple(os.environ.get("EXP_G2", ",".join((
+))).split(",") if t)  # fmt: skip
+G2 = tuple(t for t in os.environ.get("EXP_G2", ",".join((
     "128x128x64-w8-s4", "128x128x128-w8-s4", "256x128x64-w8-s3", "256x128x128-w8-s2", "128x256x64-w8-s3",
     "256x64x128-w4-s3",
-))).split(","))  # fmt: skip
+))).split(",") if t)  # fmt: skip
+LAYOUTS = tuple(os.environ.get("EXP_LAYOUTS", "ep8,tp8").split(","))
 
 
 def ms(fn) -> float:
@@ -119,7 +121,7 @@ def main(out: Path) -> None:
     gen = generator(17)
     bw = bench_real.copy_bandwidth()
     rows = []
-    for name in ("ep8", "tp8"):
+    for name in LAYOUTS:
         rows += run_layout(name, gen, bw)
         torch.cuda.empty_cache()
     (out / "prefill_tiles.json").write_text(json.dumps(rows, indent=1) + "\n")

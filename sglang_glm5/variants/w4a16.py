@@ -118,7 +118,14 @@ def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     (BM x BN x 2), either of which may be staged through shared memory for a layout change.
     """
     buffers = cfg.num_stages if keeps_every_stage(target.arch) else max(cfg.num_stages - 1, 1)
-    return buffers * _stage_bytes(kernel, cfg) + 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
+    extra = 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
+    if cfg.one_k_step:  # the activation tile once, the weights' stages around it
+        return (
+            2 * cfg.block_m * cfg.block_k
+            + buffers * (_stage_bytes(kernel, cfg) - 2 * cfg.block_m * cfg.block_k)
+            + extra
+        )
+    return buffers * _stage_bytes(kernel, cfg) + extra
 
 
 def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
@@ -200,6 +207,10 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
+    if cfg.one_k_step:  # the one form it runs in (``launch_gemm2`` refuses any other)
+        if kernel != "gemm2":
+            raise ValueError(f"one_k_step is a form of gemm2, got {kernel} {cfg.label}")
+        forms = [f for f in forms if f.get("ONE_K_STEP")]
     shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
     if cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
         gluon = (w4a16_gluon.aot(arch, splits=n, tile=cfg, kernel=kernel).metadata.shared for n in (1, 2))
@@ -396,7 +407,8 @@ def plan_gemms(
         launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
-    while per_program > 1 and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+    least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
+    while per_program > least and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within)  # fmt: skip
@@ -408,6 +420,17 @@ def _stream_fits(programs: int, units: int) -> bool:
     """Whether a stream-K schedule of ``programs`` over at most ``units`` work units (blocks x N tiles x K steps)
     keeps the kernel's int32 unit arithmetic (program x units) in range."""
     return programs * units < 2**31
+
+
+# gemm2 tiles in their one-K-step form (``GemmConfig.one_k_step``), which the tuner times beside its leading tiles
+# from ONE_STEP_FROM_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them:
+# routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves both GEMMs), which the forms
+# that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, run 35): gemm2
+# 128x128x256-w8-s3 744 us and one routing (77 us) against 794 us and two routings (105 us) for the cached
+# 64x256x256-w8-s3.
+ONE_STEP_TILES = tuple(GemmConfig(128, n, 256, num_warps=8, num_stages=s, one_k_step=True) for n, s in
+                       ((128, 3), (128, 4), (256, 3)))  # fmt: skip
+ONE_STEP_FROM_BUCKET = 64
 
 
 def split_candidates(
@@ -454,6 +477,8 @@ def split_candidates(
         out = other_plans(cfg, seen)
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
+    if kernel == "gemm2" and bucket > ONE_STEP_FROM_BUCKET and not cfg.has_plan:
+        out += [t for t in ONE_STEP_TILES if shape.inter <= t.block_k and t != cfg]
     if arch is None or not w4a16_gluon.runs_on(arch):
         return out
     if bucket > GLUON_MAX_BUCKET:
@@ -502,6 +527,8 @@ def launch_gemm1(
     per possible block, the launch's splits), else this one."""
     num_pairs, inter = h.shape
     check_config(cfg)
+    if cfg.one_k_step:
+        raise ValueError(f"config: one_k_step is a form of gemm2, got {cfg.label} for gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
@@ -612,6 +639,10 @@ def launch_gemm2(
     split = launch.splits > 1
     if split and per_program > 1:
         raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
+    if cfg.one_k_step and not (per_program > 1 and h.shape[1] <= cfg.block_k):
+        raise ValueError(f"config: {cfg.label} runs gemm2 with K in one step and several N tiles a program: needs "
+                         f"I <= {cfg.block_k} and 2+ of {tiles} N tiles a program, got I = {h.shape[1]}, "
+                         f"{per_program} a program")  # fmt: skip
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
