@@ -425,9 +425,9 @@ def _stream_fits(programs: int, units: int) -> bool:
 # gemm2 tiles in their one-K-step form (``GemmConfig.one_k_step``), which the tuner times beside its leading tiles
 # from ONE_STEP_FROM_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them:
 # routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves both GEMMs), which the forms
-# that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, run 35): gemm2
-# 128x128x256-w8-s3 744 us and one routing (77 us) against 794 us and two routings (105 us) for the cached
-# 64x256x256-w8-s3.
+# that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, runs 35-36): gemm2
+# 128x128x256-w8-s3 746 us and one routing (76 us) against 794 us and two routings (105 us) with 64x256x256-w8-s3;
+# the tuner's pick, 128x128x256-w8-s4-1k (gemm2 0.949 against 0.999 ms), made the op 0.958x.
 ONE_STEP_TILES = tuple(GemmConfig(128, n, 256, num_warps=8, num_stages=s, one_k_step=True) for n, s in
                        ((128, 3), (128, 4), (256, 3)))  # fmt: skip
 ONE_STEP_FROM_BUCKET = 64
