@@ -320,7 +320,7 @@ class ConfigCache:
             if entry is None:
                 continue
             try:
-                variant.check_config(entry.config)
+                variant.check_config(entry.config, kernel, enk)
             except ValueError as e:
                 report_once(f"autotune cache: skipping {key!r}: {e}")
                 continue

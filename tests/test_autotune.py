@@ -181,6 +181,23 @@ def test_unknown_keys_and_unfit_configs_are_skipped(tmp_path, caplog, gen):
     _run_op_with(cache, gen)
 
 
+def test_a_one_k_step_entry_where_k_takes_several_steps_is_skipped(tmp_path, caplog, gen):
+    # A gemm2 tile marked one_k_step runs only where I fits one K step (its shared memory was checked for that form
+    # alone): under a shape with a deeper I, or as gemm1, the lookup passes it over instead of the op raising.
+    path = tmp_path / "c.json"
+    one = GemmConfig(16, 32, 64, 2, 2, one_k_step=True)
+    deep = MoeShape(num_experts=4, hidden=64, inter=128, top_k=2)
+    entries = {_key_of("gemm2", deep, 2): _entry(one), _key("gemm1", 2): _entry(one), _key("gemm2", 2): _entry(one)}
+    autotune.store(path, SM120, entries)
+    with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
+        cache = ConfigCache(SM120, [path])
+        assert cache.lookup(deep, 2).gemm2 == w4a16.heuristic_config(2).gemm2
+        assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, one)  # I = 32: one step
+    text = " ".join(r.message for r in caplog.records)
+    assert "is a gemm2 tile for K <= 64, got gemm2 with K = 128" in text and "got gemm1 with K = 64" in text
+    _run_op_with(cache, gen)
+
+
 def test_w4a16_entry_with_block_k_below_64_is_reported_once_and_skipped(tmp_path, caplog, gen):
     """GemmConfig allows block_k 32, the W4A16 kernels do not: such an entry made every call raise."""
     path = tmp_path / "c.json"

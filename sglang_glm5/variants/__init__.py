@@ -48,7 +48,8 @@ class KernelVariant:
     model_shared_bytes: Callable[[str, GemmConfig, GpuTarget], int] | None = None  # upper bound, for pruning
     shared_floor: Callable[[str, GemmConfig], int] | None = None  # lower bound: above it the compiler decides
     compiled_shared_bytes: Callable[[list[tuple[str, GemmConfig]], GpuTarget], list[int | str]] | None = None
-    check_config: Callable[[GemmConfig], None] = lambda cfg: None  # ValueError when the kernels cannot run it
+    # (cfg, kernel, its GEMM's (E, N, K)) -> ValueError when the kernels cannot run it there
+    check_config: Callable[..., None] = lambda cfg, kernel=None, enk=None: None
     # (kernel, cfg, shape, bucket, SMs[, targets][, arch=]) -> the same tile with other K split plans (and other
     # kernels' forms that run on sm_{arch}), for the tuner to time
     split_candidates: Callable[..., list[GemmConfig]] | None = None

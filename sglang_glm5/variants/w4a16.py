@@ -49,11 +49,15 @@ TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 3
 # Tiles and their shared memory.
 
 
-def check_config(cfg: GemmConfig) -> None:
+def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
     """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
-    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64."""
+    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64. Given the GEMM (``kernel`` and its
+    (E, N, K)), also a one-K-step tile where it cannot run so (gemm1, or K deeper than block_k)."""
     if cfg.block_k < 64:
         raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
+    if cfg.one_k_step and kernel is not None and (kernel != "gemm2" or (enk is not None and enk[2] > cfg.block_k)):
+        raise ValueError(f"config: {cfg.label} is a gemm2 tile for K <= {cfg.block_k}, got {kernel} with K = "
+                         f"{enk and enk[2]}")  # fmt: skip
 
 
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
