@@ -15,7 +15,7 @@ real routing per layout (weights far larger than L2):
 Each op's output is compared with the cached tiles' (max relative difference) and, for the combination, with the
 bf16 path's (relative Frobenius error).
 Usage: python bench/exp/prefill_tiles.py OUT_DIR   (EXP_BATCHES, default 8192; EXP_G1, EXP_G2: comma-separated tiles,
-empty for none; EXP_LAYOUTS, default ep8,tp8)
+empty for none; EXP_LAYOUTS, default ep8,tp8; EXP_REPEATS, rounds of step 3, default 3)
 """
 
 import dataclasses
@@ -34,7 +34,7 @@ from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8192").split(","))
-REPEATS = 3
+REPEATS = int(os.environ.get("EXP_REPEATS", "3"))
 G1 = tuple(t for t in os.environ.get("EXP_G1", ",".join((
     "128x128x64-w8-s3", "128x128x64-w8-s4", "128x128x128-w8-s2", "64x128x128-w8-s3", "128x64x128-w4-s3",
     "128x64x64-w4-s4", "256x64x64-w8-s3", "256x128x64-w8-s3",
