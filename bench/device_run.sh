@@ -38,8 +38,9 @@ if [[ $STEPS == *exp* ]]; then
   python3 "${EXP:?EXP=path of the experiment script}" "$OUT" 2>&1 | tee "$OUT/exp.log" || rc=1
 fi
 if [[ $STEPS == *tune* ]]; then
-  # Measured configs for this GPU into the user cache (which the op then reads), copied to $OUT. TUNE_ARGS: more
-  # tune arguments (--splits-only).
+  # Measured configs for this GPU into the user cache (which the op then reads), copied to $OUT. TUNE_BATCHES: tokens
+  # per expert (tune's --batch-sizes; GLM-5 B = 8192 is 256 at EP8 and TP8), TUNE_ARGS: more tune arguments
+  # (--splits-only).
   python3 -m sglang_glm5.cli tune --target local --shape ${TUNE_SHAPES:-glm5-ep8} \
     --batch-sizes "${TUNE_BATCHES:-1,16,64,2048}" ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log" || rc=1
   cp "${SGLANG_GLM5_CACHE_DIR:-$HOME/.cache/sglang_glm5}"/autotune/*.json "$OUT/" 2>/dev/null
