@@ -194,7 +194,8 @@ def test_a_one_k_step_entry_where_k_takes_several_steps_is_skipped(tmp_path, cap
         assert cache.lookup(deep, 2).gemm2 == w4a16.heuristic_config(2).gemm2
         assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, one)  # I = 32: one step
     text = " ".join(r.message for r in caplog.records)
-    assert "is a gemm2 tile for K <= 64, got gemm2 with K = 128" in text and "got gemm1 with K = 64" in text
+    assert "is a gemm2 tile for K <= 64 and N > 32, got N = 64, K = 128" in text
+    assert "is a one-K-step gemm2 tile, got it for gemm1" in text
     _run_op_with(cache, gen)
 
 

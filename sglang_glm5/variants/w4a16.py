@@ -52,12 +52,17 @@ TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 3
 def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
     """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
     quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64. Given the GEMM (``kernel`` and its
-    (E, N, K)), also a one-K-step tile where it cannot run so (gemm1, or K deeper than block_k)."""
+    (E, N, K)), also a one-K-step tile where it cannot run so: gemm1, K deeper than block_k, or one N tile (it
+    takes several a program)."""
     if cfg.block_k < 64:
         raise ValueError(f"config: block_k must be >= 64 (four quarter-width dots of >= 16), got {cfg.label}")
-    if cfg.one_k_step and kernel is not None and (kernel != "gemm2" or (enk is not None and enk[2] > cfg.block_k)):
-        raise ValueError(f"config: {cfg.label} is a gemm2 tile for K <= {cfg.block_k}, got {kernel} with K = "
-                         f"{enk and enk[2]}")  # fmt: skip
+    if not cfg.one_k_step or kernel is None:
+        return
+    if kernel != "gemm2":
+        raise ValueError(f"config: {cfg.label} is a one-K-step gemm2 tile, got it for {kernel}")
+    if enk is not None and (enk[2] > cfg.block_k or enk[1] <= cfg.block_n):
+        raise ValueError(f"config: {cfg.label} is a gemm2 tile for K <= {cfg.block_k} and N > {cfg.block_n}, got "
+                         f"N = {enk[1]}, K = {enk[2]}")  # fmt: skip
 
 
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
@@ -482,7 +487,7 @@ def split_candidates(
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
     if kernel == "gemm2" and bucket > ONE_STEP_FROM_BUCKET and not cfg.has_plan:
-        out += [t for t in ONE_STEP_TILES if shape.inter <= t.block_k and t != cfg]
+        out += [t for t in ONE_STEP_TILES if shape.inter <= t.block_k and shape.hidden > t.block_n and t != cfg]
     if arch is None or not w4a16_gluon.runs_on(arch):
         return out
     if bucket > GLUON_MAX_BUCKET:
@@ -530,9 +535,7 @@ def launch_gemm1(
     (``routing.uses_pdl``). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
     per possible block, the launch's splits), else this one."""
     num_pairs, inter = h.shape
-    check_config(cfg)
-    if cfg.one_k_step:
-        raise ValueError(f"config: one_k_step is a form of gemm2, got {cfg.label} for gemm1")
+    check_config(cfg, "gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
