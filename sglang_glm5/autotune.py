@@ -529,8 +529,9 @@ def tune(
 
     With ``tiles`` ((kernel, bucket) -> a tile; needs ``bench``) only the K split plan is chosen: that tile is timed
     with its default plan, with each other split count the family's ``step_split_targets`` give the bucket's step and
-    with the family's other plans for it (W4A16 gemm1: the stream-K schedule), and the fastest is kept if it beats the
-    default plan by SPLIT_MARGIN. A (kernel, bucket) gets no entry where no other split count exists and no other plan
+    with the family's other plans for it (W4A16 gemm1: the stream-K schedule; above the decode buckets also its other
+    forms there: the Gluon gemm1's, gemm2's one-K-step tiles), and the fastest is kept if it beats the default plan by
+    SPLIT_MARGIN. A (kernel, bucket) gets no entry where no other split count exists and no other plan
     beats the default. This is the cheap tuning of decode steps (``tune --splits-only``): 3-8 timings a GEMM and
     step where a full search takes about 20.
     """
@@ -575,7 +576,8 @@ def tune(
         timed: list[tuple[float, GemmConfig, int]] = []
         failure = _time_candidates(bench, kernel, bucket, feasible, timed, report, say, f"{key}: ")
         if v.split_candidates is not None:
-            # The fastest few tiles again with other split plans (same tile: same shared memory).
+            # The fastest few tiles again with other split plans (same tile: same shared memory), and the family's
+            # other forms there (compiled on their own: _with_shared).
             leaders = sorted(timed, key=lambda t: t[0])[:SPLIT_LEADERS]
             sms, arch = target.sm_count, target.arch
             found = [(c, cfg, shared) for _, cfg, shared in leaders

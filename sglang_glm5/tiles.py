@@ -40,7 +40,7 @@ class GemmConfig:
     # variants.w4a16's Triton gemm2 only: K (I) in one step, several N tiles a program on the block's activations
     # loaded once (``ONE_K_STEP``), its only form; so its shared memory is that form's alone (GLM-5 TP8, I = 256:
     # 128x128x256-w8-s3 takes 233472 B on sm_90 in the forms that loop over K, past the 232448 B limit, and fits
-    # in this one). A launch that cannot run it so (I deeper than block_k) is refused.
+    # in this one). A launch that cannot run it so (I deeper than block_k, or a single N tile) is refused.
     one_k_step: bool = False
 
     def __post_init__(self) -> None:

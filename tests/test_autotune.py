@@ -187,14 +187,18 @@ def test_a_one_k_step_entry_where_k_takes_several_steps_is_skipped(tmp_path, cap
     path = tmp_path / "c.json"
     one = GemmConfig(16, 32, 64, 2, 2, one_k_step=True)
     deep = MoeShape(num_experts=4, hidden=64, inter=128, top_k=2)
-    entries = {_key_of("gemm2", deep, 2): _entry(one), _key("gemm1", 2): _entry(one), _key("gemm2", 2): _entry(one)}
+    narrow = MoeShape(num_experts=4, hidden=32, inter=32, top_k=2)  # H = 32: one N tile of 32 rows
+    entries = {_key_of("gemm2", deep, 2): _entry(one), _key("gemm1", 2): _entry(one), _key("gemm2", 2): _entry(one),
+               _key_of("gemm2", narrow, 2): _entry(one)}  # fmt: skip
     autotune.store(path, SM120, entries)
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
         cache = ConfigCache(SM120, [path])
         assert cache.lookup(deep, 2).gemm2 == w4a16.heuristic_config(2).gemm2
+        assert cache.lookup(narrow, 2).gemm2 == w4a16.heuristic_config(2).gemm2
         assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, one)  # I = 32: one step
     text = " ".join(r.message for r in caplog.records)
     assert "is a gemm2 tile for K <= 64 and N > 32, got N = 64, K = 128" in text
+    assert "is a gemm2 tile for K <= 64 and N > 32, got N = 32, K = 32" in text
     assert "is a one-K-step gemm2 tile, got it for gemm1" in text
     _run_op_with(cache, gen)
 
@@ -350,13 +354,15 @@ def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
 
 
 def test_one_k_step_tiles_are_offered_for_gemm2_where_i_is_one_step():
-    # From 64 tokens per expert the tuner times gemm2's one-step tiles beside its leaders where I fits one K step
-    # (GLM-5 TP8, I = 256), never for gemm1 or where I takes several steps (EP8, I = 2048), nor at decode buckets.
+    # Above 64 tokens per expert the tuner times gemm2's one-step tiles beside its leaders where I fits one K step
+    # (GLM-5 TP8, I = 256) and H makes 2+ N tiles, never for gemm1 or where I takes several steps (EP8, I = 2048),
+    # nor at 64 and below.
     lead = GemmConfig(64, 256, 256, 8, 3)
     found = [c for c in w4a16.split_candidates("gemm2", lead, TP8, 256, 132) if c.one_k_step]
     assert found == list(w4a16.ONE_STEP_TILES)
-    assert all(c.block_m == 128 and c.block_k == 256 for c in found)
     assert not [c for c in w4a16.split_candidates("gemm2", lead, EP8, 256, 132) if c.one_k_step]
+    narrow = MoeShape(num_experts=256, hidden=256, inter=256)  # one N tile of 256 rows: only the 128-row ones
+    assert {c.block_n for c in w4a16.split_candidates("gemm2", lead, narrow, 256, 132) if c.one_k_step} == {128}
     assert not [c for c in w4a16.split_candidates("gemm1", lead, TP8, 256, 132) if c.one_k_step]
     assert not [c for c in w4a16.split_candidates("gemm2", lead, TP8, 64, 132) if c.one_k_step]
     # a one-step tile keeps 2+ N tiles a program however few blocks the call has (its only form)
@@ -429,6 +435,35 @@ def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winnin
     cfg = cache.lookup(EP8, 1 / 32)
     assert cfg.gemm1.programs_per_sm == 1 and cfg.gemm1 == entries[_key_of("gemm1", EP8, bucket)].config
     assert cache.lookup(EP8, 1 / 16).gemm1 == dataclasses.replace(cfg.gemm1, programs_per_sm=0)
+
+
+@pytest.mark.parametrize("target, stored", [("h200", True), ("rtx-pro-6000", False)])
+def test_tuner_times_one_k_step_tiles_and_stores_one_that_fits_and_wins(target, stored):
+    # At TP8's 256 tokens per expert the one-K-step gemm2 tiles come after the search space's leaders, with their own
+    # shared memory (here the model's, standing in for the compiler): a winner is stored where it fits (sm_90), and
+    # on sm_120 (101376 B) none is timed at all.
+    t = TARGETS[target]
+    space = [GemmConfig(64, 128, 128, 8, 3), GemmConfig(64, 128, 64, 4, 3)]
+    variant = dataclasses.replace(
+        variants.get("w4a16"),
+        search_space=lambda bucket: space,
+        compiled_shared_bytes=lambda jobs, target: [w4a16.model_shared_bytes(k, c, target) for k, c in jobs],
+    )
+    calls = []
+
+    def fake_bench(kernel, cfg, bucket):
+        calls.append((kernel, cfg))
+        return 1.0 if cfg.one_k_step else 2.0 + cfg.block_k / 1e3
+
+    entries, _ = autotune.tune(t, TP8, [256], fake_bench, variant=variant)
+    one_step = [c for k, c in calls if c.one_k_step]
+    assert all(k == "gemm2" for k, c in calls if c.one_k_step)
+    assert set(one_step) == ({c for c in w4a16.ONE_STEP_TILES if t.fits(w4a16.model_shared_bytes("gemm2", c,
+                                      t))})  # fmt: skip
+    assert bool(one_step) == stored
+    best = entries[cache_key(t, "gemm2", gemm_shape("gemm2", TP8), 256, measured=True)].config
+    assert best.one_k_step == stored and not entries[cache_key(t, "gemm1", gemm_shape("gemm1", TP8), 256,
+                                                               measured=True)].config.one_k_step  # fmt: skip
 
 
 def test_a_borrowed_entry_leaves_a_fixed_split_count_behind(tmp_path):

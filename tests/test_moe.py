@@ -406,10 +406,10 @@ def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, inter, 
 
 
 def test_a_one_k_step_gemm2_tile_gives_the_same_bits_and_runs_only_so(gen, device):
-    # GemmConfig.one_k_step: the same kernel form the op takes for any tile with I <= block_k and several N tiles a
-    # program (activations loaded once), so the same bits as the tile unmarked; a launch that cannot run it so
-    # (one tile a program, or I deeper than block_k) is refused, not run in a form its shared memory was not
-    # checked for.
+    # GemmConfig.one_k_step runs gemm2 in its one-step form (I <= block_k, several N tiles a program, activations
+    # loaded once): the same bits as the tile unmarked one N tile a program (the form that loops over K); a launch
+    # that cannot run it so (one tile a program, or I deeper than block_k) is refused, not run in a form its shared
+    # memory was not checked for.
     from sglang_glm5 import routing
 
     num_experts, hidden, inter, top_k = 4, 224, 64, 2
@@ -420,15 +420,15 @@ def test_a_one_k_step_gemm2_tile_gives_the_same_bits_and_runs_only_so(gen, devic
     route = routing.route_pairs(ids.to(device), num_experts, plain.block_m)
     args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
     outs = []
-    for cfg in (plain, one):
+    for cfg, per_program in ((plain, 1), (one, 3)):
         y = torch.full((ids.numel(), hidden), float("nan"), dtype=torch.bfloat16, device=device)
-        w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=3)
+        w4a16.launch_gemm2(*args, y, cfg, routing.interpreting(), per_program=per_program)
         outs.append(y.cpu())
     assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
-    with pytest.raises(ValueError, match="K in one step and several N tiles a program"):
+    with pytest.raises(ValueError, match="K in one step and several N tiles a program, got 1 of 7"):
         w4a16.launch_gemm2(*args, y, one, routing.interpreting(), per_program=1)
     deep = torch.randn(ids.numel(), 2 * inter, generator=gen).bfloat16().to(device)
-    with pytest.raises(ValueError, match="needs I <= 64"):
+    with pytest.raises(ValueError, match="is a gemm2 tile for K <= 64 and N > 32, got N = 224, K = 128"):
         w4a16.launch_gemm2(deep, *args[1:], y, one, routing.interpreting(), per_program=3)
 
 

@@ -77,6 +77,18 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
         assert entry["measured"] is False, "no SM120 GPU measured these"
 
 
+@pytest.mark.parametrize("name", ["h200", "rtx-pro-6000"])
+def test_every_shipped_entry_is_one_its_gemm_can_run(name):
+    # The rules a lookup applies with the GEMM's shape (w4a16.check_config: block_k, and a one-K-step gemm2 tile only
+    # where K fits its one step and N makes several tiles): no shipped entry is one a lookup would pass over.
+    data = _shipped(name)
+    for key, entry in data["entries"].items():
+        kernel = key.split("|")[2].split(".")[0]
+        enk = tuple(int(v.split("=")[1]) for v in key.split("|")[3].split(","))  # "E=256,N=6144,K=256"
+        w4a16.check_config(GemmConfig(**entry["config"]), kernel, enk)
+    assert any(e["config"].get("one_k_step") for e in _shipped("h200")["entries"].values())
+
+
 def test_heuristic_fits_every_target_by_the_model():
     for t in TARGETS.values():
         for m in (1, 16, 32, 64, 128, 4096):

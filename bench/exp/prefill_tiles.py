@@ -43,7 +43,7 @@ G2 = tuple(t for t in os.environ.get("EXP_G2", ",".join((
     "128x128x64-w8-s4", "128x128x128-w8-s4", "256x128x64-w8-s3", "256x128x128-w8-s2", "128x256x64-w8-s3",
     "256x64x128-w4-s3",
 ))).split(",") if t)  # fmt: skip
-LAYOUTS = tuple(os.environ.get("EXP_LAYOUTS", "ep8,tp8").split(","))
+LAYOUTS = tuple(t for t in os.environ.get("EXP_LAYOUTS", "ep8,tp8").split(",") if t)
 
 
 def ms(fn) -> float:

@@ -170,7 +170,8 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
 # gemm1 with or without a split K, or as a stream-K schedule; gemm2 with one N tile per program, several, or a
 # split K, or several N tiles on activations loaded once where K is one step. They can differ by a few KB of shared
-# memory; a config must fit all. The split forms are compiled with
+# memory; a config must fit all, but a one-K-step tile (``GemmConfig.one_k_step``) only the one-step form, with and
+# without the block loop (the only forms ``launch_gemm2`` runs it in). The split forms are compiled with
 # 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
 # last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
@@ -216,10 +217,10 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
-    if cfg.one_k_step:  # the one form it runs in (``launch_gemm2`` refuses any other)
+    if cfg.one_k_step:  # the one form it runs in (``launch_gemm2`` refuses any other), with and without the block loop
         if kernel != "gemm2":
             raise ValueError(f"one_k_step is a form of gemm2, got {kernel} {cfg.label}")
-        forms = [f for f in forms if f.get("ONE_K_STEP")]
+        forms = [form for f in forms if f.get("ONE_K_STEP") for form in (f, {**f, "BLOCK_LOOP": True})]
     shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
     if cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
         gluon = (w4a16_gluon.aot(arch, splits=n, tile=cfg, kernel=kernel).metadata.shared for n in (1, 2))
@@ -432,14 +433,15 @@ def _stream_fits(programs: int, units: int) -> bool:
 
 
 # gemm2 tiles in their one-K-step form (``GemmConfig.one_k_step``), which the tuner times beside its leading tiles
-# from ONE_STEP_FROM_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them:
+# above ONE_STEP_ABOVE_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them
+# and H makes two N tiles or more:
 # routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves both GEMMs), which the forms
 # that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, runs 35-36): gemm2
 # 128x128x256-w8-s3 746 us and one routing (76 us) against 794 us and two routings (105 us) with 64x256x256-w8-s3;
 # the tuner's pick, 128x128x256-w8-s4-1k (gemm2 0.949 against 0.999 ms), made the op 0.958x.
 ONE_STEP_TILES = tuple(GemmConfig(128, n, 256, num_warps=8, num_stages=s, one_k_step=True) for n, s in
                        ((128, 3), (128, 4), (256, 3)))  # fmt: skip
-ONE_STEP_FROM_BUCKET = 64
+ONE_STEP_ABOVE_BUCKET = 64
 
 
 def split_candidates(
@@ -454,6 +456,8 @@ def split_candidates(
     For a Triton gemm1, also the stream-K schedule at each of STREAM_TRIALS programs per SM (``GemmConfig.stream``).
     None of these when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that
     walks several N tiles per program (it does not split).
+
+    For gemm2 above ONE_STEP_ABOVE_BUCKET, ONE_STEP_TILES where I fits their one K step.
 
     On ``sm_{arch}`` where the Gluon kernels run (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also their tiles
     (``w4a16_gluon.TILES``) with the default plan and, below one token per expert where the GEMM splits, with each
@@ -486,7 +490,7 @@ def split_candidates(
         out = other_plans(cfg, seen)
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
-    if kernel == "gemm2" and bucket > ONE_STEP_FROM_BUCKET and not cfg.has_plan:
+    if kernel == "gemm2" and bucket > ONE_STEP_ABOVE_BUCKET and not cfg.has_plan:
         out += [t for t in ONE_STEP_TILES if shape.inter <= t.block_k and shape.hidden > t.block_n and t != cfg]
     if arch is None or not w4a16_gluon.runs_on(arch):
         return out
@@ -633,7 +637,7 @@ def launch_gemm2(
     possible block, the launch's splits and N tiles per program), else this one."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
-    check_config(cfg)
+    check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
     w2 = w2.view(torch.int16)
     tiles = triton.cdiv(hidden, cfg.block_n)
     if per_program is None:
@@ -646,10 +650,9 @@ def launch_gemm2(
     split = launch.splits > 1
     if split and per_program > 1:
         raise ValueError(f"launch: a split K ({launch.splits}) needs one N tile per program, got {per_program}")
-    if cfg.one_k_step and not (per_program > 1 and h.shape[1] <= cfg.block_k):
-        raise ValueError(f"config: {cfg.label} runs gemm2 with K in one step and several N tiles a program: needs "
-                         f"I <= {cfg.block_k} and 2+ of {tiles} N tiles a program, got I = {h.shape[1]}, "
-                         f"{per_program} a program")  # fmt: skip
+    if cfg.one_k_step and per_program < 2:  # its shape was checked above
+        raise ValueError(f"config: {cfg.label} runs gemm2 with K in one step and several N tiles a program, got "
+                         f"{per_program} of {tiles} a program")  # fmt: skip
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
