@@ -60,9 +60,15 @@ def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int
         return
     if kernel != "gemm2":
         raise ValueError(f"config: {cfg.label} is a one-K-step gemm2 tile, got it for {kernel}")
-    if enk is not None and (enk[2] > cfg.block_k or enk[1] <= cfg.block_n):
+    if enk is not None and not one_k_step_runs(cfg, enk[1], enk[2]):
         raise ValueError(f"config: {cfg.label} is a gemm2 tile for K <= {cfg.block_k} and N > {cfg.block_n}, got "
                          f"N = {enk[1]}, K = {enk[2]}")  # fmt: skip
+
+
+def one_k_step_runs(cfg: GemmConfig, n: int, k: int) -> bool:
+    """Whether gemm2 of N = ``n`` (H) and K = ``k`` (I) can run ``cfg`` in its one-K-step form: K within one step and
+    two N tiles or more (it takes several a program)."""
+    return k <= cfg.block_k and n > cfg.block_n
 
 
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
@@ -127,14 +133,10 @@ def model_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget) -> int:
     (BM x BN x 2), either of which may be staged through shared memory for a layout change.
     """
     buffers = cfg.num_stages if keeps_every_stage(target.arch) else max(cfg.num_stages - 1, 1)
+    activations = 2 * cfg.block_m * cfg.block_k  # a one-K-step tile loads them once, the weights in stages around it
+    weights = _stage_bytes(kernel, cfg) - activations
     extra = 2 * cfg.block_n * cfg.block_k + 2 * cfg.block_m * cfg.block_n
-    if cfg.one_k_step:  # the activation tile once, the weights' stages around it
-        return (
-            2 * cfg.block_m * cfg.block_k
-            + buffers * (_stage_bytes(kernel, cfg) - 2 * cfg.block_m * cfg.block_k)
-            + extra
-        )
-    return buffers * _stage_bytes(kernel, cfg) + extra
+    return (1 if cfg.one_k_step else buffers) * activations + buffers * weights + extra
 
 
 def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
@@ -491,7 +493,7 @@ def split_candidates(
         if kernel == "gemm1" and not cfg.gluon:
             out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
     if kernel == "gemm2" and bucket > ONE_STEP_ABOVE_BUCKET and not cfg.has_plan:
-        out += [t for t in ONE_STEP_TILES if shape.inter <= t.block_k and shape.hidden > t.block_n and t != cfg]
+        out += [t for t in ONE_STEP_TILES if one_k_step_runs(t, shape.hidden, shape.inter) and t != cfg]
     if arch is None or not w4a16_gluon.runs_on(arch):
         return out
     if bucket > GLUON_MAX_BUCKET:
