@@ -374,6 +374,20 @@ def test_one_k_step_tiles_are_offered_for_gemm2_where_i_is_one_step():
                             132).per_program == 1  # fmt: skip
 
 
+# (B tokens of GLM-5 TP8, gemm2's N tiles per program): as many as fit in 8 K steps (8 at I = 256 in one step of
+# 256), halved while the launch would have fewer than MULTI_TILE_PROGRAMS_PER_SM programs an SM on 132 SMs; measured
+# on the H200 at real routing (run 37): B = 2 and 4 faster with 2 and 4 tiles than with 4 and 8.
+TP8_DECODE_TILES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 8), (256, 8)]
+
+
+@pytest.mark.parametrize("batch,per_program", TP8_DECODE_TILES)
+def test_gemm2_tiles_per_program_keep_five_programs_an_sm_at_tp8_decode(batch, per_program):
+    step = GemmConfig(16, 64, 256, 4, 3)  # the h200 cache's TP8 decode gemm2 tile: I = 256 in one K step
+    plan = w4a16.plan_gemms(tiles.MoeConfig(step, step), batch * 8, TP8.num_experts, TP8.all_experts, TP8.hidden,
+                            TP8.inter, 132)  # fmt: skip
+    assert plan.per_program == per_program
+
+
 def test_a_split_target_and_a_fixed_split_count_exclude_each_other():
     with pytest.raises(ValueError, match="programs_per_sm"):
         GemmConfig(16, 64, 256, 4, 3, split_k=2, programs_per_sm=1)

@@ -307,6 +307,11 @@ GEMM2_HALVES = True
 WHOLE_GRID_PAIRS_PER_EXPERT = 8
 # Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
 PROGRAMS_PER_SM = 2
+# Programs per SM under which gemm2 halves its N tiles per program (``plan_gemms``), where I takes few K steps (GLM-5
+# TP8, I = 256). H200, TP8 at real routing (bench/README.md, run 37): aiming at 5 per SM instead of 2 takes B = 2-3 to
+# two tiles a program and B = 4-6 to four (from four or eight): the op 0.975, 0.994, 0.960, 0.993, 0.975x at B = 2-6,
+# the same bits; B = 1 and B >= 8 keep their tiles a program (3 per SM: 0.972x at B = 3, 1.001x at B = 2 and 5).
+MULTI_TILE_PROGRAMS_PER_SM = 5
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
 # config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
 # tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
@@ -420,7 +425,7 @@ def plan_gemms(
     tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
-    while per_program > least and blocks2[1] * triton.cdiv(tiles2, per_program) < PROGRAMS_PER_SM * sms:
+    while per_program > least and blocks2[1] * triton.cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within)  # fmt: skip
