@@ -310,7 +310,8 @@ PROGRAMS_PER_SM = 2
 # Programs per SM under which gemm2 halves its N tiles per program (``plan_gemms``), where I takes few K steps (GLM-5
 # TP8, I = 256). H200, TP8 at real routing (bench/README.md, run 37): aiming at 5 per SM instead of 2 takes B = 2-3 to
 # two tiles a program and B = 4-6 to four (from four or eight): the op 0.975, 0.994, 0.960, 0.993, 0.975x at B = 2-6,
-# the same bits; B = 1 and B >= 8 keep their tiles a program (3 per SM: 0.972x at B = 3, 1.001x at B = 2 and 5).
+# the same bits; B >= 8 keep eight tiles a program and B = 1 (its cached tile two K steps deep) one (3 per SM: 0.972x at
+# B = 3, 1.001x at B = 2 and 5). Not measured on SM120, whose 188 SMs reach the aim with fewer tiles a program.
 MULTI_TILE_PROGRAMS_PER_SM = 5
 # Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
 # config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
