@@ -156,5 +156,5 @@ def test_a_one_k_step_tile_is_sized_for_the_one_form_it_runs_in():
     shared = w4a16.compiled_shared_bytes("gemm2", cfg, h200, memo=False)
     assert h200.fits(shared) and h200.fits(w4a16.model_shared_bytes("gemm2", cfg, h200))
     assert shared < 128 * 256 * 2 + 3 * (128 * 256 // 2 + 128 * 256 // 16) + 128 * 128 * 4  # one activation tile
-    with pytest.raises(ValueError, match="one_k_step is a form of gemm2"):
+    with pytest.raises(ValueError, match="is a one-K-step gemm2 tile, got it for gemm1"):
         w4a16._compiled_shared("gemm1", cfg, 90)

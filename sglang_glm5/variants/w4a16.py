@@ -220,8 +220,7 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or _halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
     if cfg.one_k_step:  # the one form it runs in (``launch_gemm2`` refuses any other), with and without the block loop
-        if kernel != "gemm2":
-            raise ValueError(f"one_k_step is a form of gemm2, got {kernel} {cfg.label}")
+        check_config(cfg, kernel)  # gemm2 only
         forms = [form for f in forms if f.get("ONE_K_STEP") for form in (f, {**f, "BLOCK_LOOP": True})]
     shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
     if cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
