@@ -6,7 +6,10 @@ reads it from L2 (50 MB on an H200). "hot": every call on the same layer; "cold"
 that each call's first reads come from DRAM (on the H200 the two measured the same). Per-kernel device times
 from CUDA-graph replays; decoded bytes per second = blocks x the expert's bytes / kernel time, against the device copy
 bandwidth measured in the same run. The hot rate is the kernels' decode ceiling on this GPU.
-Usage: python bench/exp/decode_ceiling.py OUT_DIR   (EXP_TOKENS, default 512; EXP_TILES, default the decode tiles)
+EXP_INTER sets I (default GLM-5's 2048): with a longer I each gemm2 program walks more K steps (I / block_k) per
+pipeline start, which separates the cost of a program's start from that of its K steps.
+Usage: python bench/exp/decode_ceiling.py OUT_DIR   (EXP_TOKENS, default 512; EXP_TILES, default the decode tiles;
+EXP_INTER)
 """
 
 import json
@@ -23,7 +26,8 @@ from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 LAYOUT = bench_real.LAYOUTS["ep8"]
-H, INTER = LAYOUT.hidden, LAYOUT.inter
+H = LAYOUT.hidden
+INTER = int(os.environ.get("EXP_INTER", str(LAYOUT.inter)))
 TOKENS = int(os.environ.get("EXP_TOKENS", "512"))
 COPIES = 16
 TILES = [t.split("/") for t in os.environ.get(
@@ -60,4 +64,6 @@ if __name__ == "__main__":
                 f"{g1:>22s} {g2:>18s} {name:4s}: gemm1 {us['gemm1']:7.1f} us {r1 / 1e12:5.2f} TB/s "
                 f"({r1 / bw:4.0%} of copy) | gemm2 {us['gemm2']:7.1f} us {r2 / 1e12:5.2f} TB/s ({r2 / bw:4.0%})"
             )
-    (out / "decode_ceiling.json").write_text(json.dumps({"copy_Bps": bw, "tokens": TOKENS, "rows": rows}, indent=1))
+    (out / f"decode_ceiling_i{INTER}.json").write_text(
+        json.dumps({"copy_Bps": bw, "tokens": TOKENS, "inter": INTER, "rows": rows}, indent=1)
+    )
