@@ -724,7 +724,7 @@ def nvfp4_moe_gemm2_kernel(
     INTERPRETER: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
-    HALVES: tl.constexpr = False,  # each N tile as two halves of BLOCK_N / 2 rows, one after the other (not ONE_K_STEP)
+    HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
     ONE_K_STEP: tl.constexpr = False,  # MULTI_TILE with I <= BLOCK_K: the activations loaded once for all tiles
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
@@ -774,7 +774,7 @@ def _gemm2_block(
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
-    if HALVES and not MULTI_TILE:
+    if HALVES:
         HALF: tl.constexpr = BLOCK_N // 2
         offs_a, a_ok, offs_a_safe = tile_columns(pid_n * 2, hidden_size, HALF)
         offs_b, b_ok, offs_b_safe = tile_columns(pid_n * 2 + 1, hidden_size, HALF)
@@ -812,36 +812,6 @@ def _gemm2_block(
             acc = _nvfp4_dot(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_rows, s_rows, h0, h1, h2, h3,
                              k_begin, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
             _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
-        let_next_launch(PDL)
-    elif HALVES:  # several N tiles in one (tile, K step) loop, each tile as two halves (below, and as above)
-        HALF_N: tl.constexpr = BLOCK_N // 2
-        programs = _nprog(1, BLOCKS_LAST)
-        k_steps = tl.cdiv(inter_size, BLOCK_K)
-        my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
-        tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
-        acc_a = tl.zeros((HALF_N, BLOCK_M), dtype=tl.float32)
-        acc_b = tl.zeros((HALF_N, BLOCK_M), dtype=tl.float32)
-        for step in range(0, my_tiles * k_steps):
-            kk = step % k_steps
-            tile = pid_n + (step // k_steps) * programs
-            offs_a, a_ok, offs_a_safe = tile_columns(tile * 2, hidden_size, HALF_N)
-            offs_b, b_ok, offs_b_safe = tile_columns(tile * 2 + 1, hidden_size, HALF_N)
-            wa_rows, sa_rows = expert_rows(w_ptr, ws_ptr, expert, offs_a_safe, stride_we, stride_wn, stride_se,
-                                           stride_sn)  # fmt: skip
-            wb_rows, sb_rows = expert_rows(w_ptr, ws_ptr, expert, offs_b_safe, stride_we, stride_wn, stride_se,
-                                           stride_sn)  # fmt: skip
-            if kk == 0:
-                acc_a = tl.zeros((HALF_N, BLOCK_M), dtype=tl.float32)
-                acc_b = tl.zeros((HALF_N, BLOCK_M), dtype=tl.float32)
-            k0 = kk * BLOCK_K
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
-            acc_a = _nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
-                               INTERPRETER)  # fmt: skip
-            acc_b = _nvfp4_dot(acc_b, wb_rows, sb_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
-                               INTERPRETER)  # fmt: skip
-            if kk == k_steps - 1:
-                _gemm2_store(acc_a, y_ptr, pair_safe, row_ok, offs_a, a_ok, scale, stride_yt, INTERPRETER)
-                _gemm2_store(acc_b, y_ptr, pair_safe, row_ok, offs_b, b_ok, scale, stride_yt, INTERPRETER)
         let_next_launch(PDL)
     else:
         programs = _nprog(1, BLOCKS_LAST)

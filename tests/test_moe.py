@@ -380,23 +380,18 @@ def test_replays_from_a_cuda_graph_with_new_inputs(gen, device):
         assert ((got - want).norm() / want.norm()) < 1e-2
 
 
-@pytest.mark.parametrize(
-    "per_program,inter,block_n,hidden",
-    [(2, 128, 32, 224), (3, 128, 32, 224), (8, 128, 32, 224), (3, 64, 32, 224), (3, 192, 128, 448), (2, 128, 128, 448)],
-)
-def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, inter, block_n, hidden, gen, device):
+@pytest.mark.parametrize("per_program,inter", [(2, 128), (3, 128), (8, 128), (3, 64)])
+def test_gemm2_tiles_per_program_leave_the_result_unchanged(per_program, inter, gen, device):
     # gemm2's multi-tile loop (several N tiles per program, in strides of the program count) does the
     # same arithmetic in the same K order as one tile per program: bit-identical output, every tile
-    # written once (7 tiles of 32, 4 of 128 with a part-filled last: uneven splits). I = 64 is one K step: the
-    # activations are loaded once. 128-row tiles run as two halves, one tile a program or several in one K loop.
+    # written once (7 tiles of 32: uneven splits). I = 64 is one K step: the activations are loaded once.
     from sglang_glm5 import routing
 
-    num_experts, top_k = 4, 2
+    num_experts, hidden, top_k = 4, 224, 2
     layer = random_layer(num_experts, hidden, inter, gen)
     weights, ids = random_routing(10, num_experts, top_k, gen)
     h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
-    cfg = GemmConfig(16, block_n, 64)
-    assert w4a16.halves(cfg, per_program) == (block_n == 128)
+    cfg = GemmConfig(16, 32, 64)
     route = routing.route_pairs(ids.to(device), num_experts, cfg.block_m)
     args = (h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route)
     outs = []

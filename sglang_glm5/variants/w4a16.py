@@ -301,7 +301,6 @@ WHOLE_GRID_WITHIN = 5.0
 # 16x128x256-w4-s3 147 registers a thread against 228, 3 programs per SM instead of 2). H200, GLM-5 EP8, with the
 # whole grid up to 8 pairs per expert: B = 128 0.98x, B = 256 0.96x, B = 16 0.99x the op (bench/README.md, run 25).
 GEMM2_HALVES = True
-GEMM2_FLAT_HALVES = True
 # ``WHOLE_GRID_WITHIN`` applies up to this many pairs per expert of the routing (GLM-5: B <= 256 tokens), the sizes
 # where it was measured; above, the block loop.
 WHOLE_GRID_PAIRS_PER_EXPERT = 8
@@ -629,11 +628,9 @@ def _halvable(cfg: GemmConfig) -> bool:
     return cfg.num_warps == 4 and cfg.block_n >= 128
 
 
-def halves(cfg: GemmConfig, per_program: int, one_k_step: bool = False) -> bool:
-    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): a tile that can, one tile per program or
-    (``GEMM2_FLAT_HALVES``) several in one K loop, never on activations loaded once for every tile."""
-    several = GEMM2_FLAT_HALVES and not one_k_step
-    return GEMM2_HALVES and (per_program == 1 or several) and _halvable(cfg)
+def halves(cfg: GemmConfig, per_program: int) -> bool:
+    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, a tile that can."""
+    return GEMM2_HALVES and per_program == 1 and _halvable(cfg)
 
 
 def launch_gemm2(
@@ -699,7 +696,7 @@ def launch_gemm2(
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
         ONE_K_STEP=per_program > 1 and h.shape[1] <= cfg.block_k,
-        HALVES=halves(cfg, per_program, per_program > 1 and h.shape[1] <= cfg.block_k),
+        HALVES=halves(cfg, per_program),
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
