@@ -1,8 +1,9 @@
 """Experiment: gemm2's tile at GLM-5 B = 128-256, where every expert is busy with 4-8 pairs.
 
-The op's decode at B = 256 takes 8-10% longer than at B = 128 for the same weights (all 32 or 256 experts touched
-either way; run 38), and TP8's gemm2 most of all (69 against 88 us): its cache entry at 8 tokens per expert is
-16x128x128-w4-s3 (two K steps, four N tiles a program), at 4 tokens 16x64x256-w4-s3 (one K step, eight). Each setting
+The op's decode at B = 256 took 8-10% longer than at B = 128 for the same weights (all 32 or 256 experts touched
+either way; run 38), and TP8's gemm2 most of all (69 against 88 us): its cache entry at 8 tokens per expert was then
+16x128x128-w4-s3 (two K steps, four N tiles a program), at 4 tokens 16x64x256-w4-s3 (one K step, eight); run 38 tuned
+that bucket again from what this measured (bench/README.md). Each setting
 replaces gemm2's tile at every B timed (``decode_cases.tile_override``); the op at real routing, round-robin from CUDA
 graphs on the same inputs, each kernel's time and whether the bits match the cached tiles' (they need not: another
 tile sums K in another order only where its block_k differs).
