@@ -359,31 +359,28 @@ def nvfp4_moe_gemm1_gluon_kernel(
 
 
 @gluon.jit
+def _tile_rows(w_base, s_base, tile, stride_wn, stride_sn, size, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+               WARPS: gl.constexpr):  # fmt: skip
+    """Row pointers [BLOCK_N] of N tile ``tile``'s packed words and scale codes (rows past ``size`` read row 0), in
+    the layouts of their copies: computed once a tile, the K step's offset added at each copy."""
+    rows_w = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _copy_layout(QK, WARPS)))
+    rows_s = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _scale_copy_layout(WARPS)))
+    w_rows = w_base + gl.where(rows_w < size, rows_w, 0).to(gl.int64) * stride_wn
+    return w_rows, s_base + gl.where(rows_s < size, rows_s, 0).to(gl.int64) * stride_sn
+
+
+@gluon.jit
 def _issue_gemm2_copies(
     w_s, s_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed words, scale codes, activation quarters
     slot,  # ring slot
-    step,  # the program's (N tile, K step) step: tile pid_n + (step // k_steps) * programs
-    pid_n, programs, k_steps, k_begin,
-    w_base, s_base,  # the expert's first packed word and scale code
-    stride_wn, stride_sn, hidden_size,
+    k0,  # the K step's first column
+    w_rows, s_rows,  # [BLOCK_N] row pointers of the step's N tile (``_tile_rows``)
     x_rows, x_ok,  # [BLOCK_M] activation row pointers, [BLOCK_M, BLOCK_K / 4] real rows
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, WARPS: gl.constexpr,
+    QK: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
     """cp.async of one step of gemm2 into ring slot ``slot``."""
-    QK: gl.constexpr = BLOCK_K // 4
-    SK: gl.constexpr = BLOCK_K // 16
-    wc_l: gl.constexpr = _copy_layout(QK, WARPS)
-    sc_l: gl.constexpr = _scale_copy_layout(WARPS)
-    tile = pid_n + (step // k_steps) * programs
-    k0 = k_begin + (step % k_steps) * BLOCK_K
-    rows_w = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
-    rows_w = gl.where(rows_w < hidden_size, rows_w, 0).to(gl.int64)
-    rows_s = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
-    rows_s = gl.where(rows_s < hidden_size, rows_s, 0).to(gl.int64)
-    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
-    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-    w_rows = w_base + rows_w * stride_wn
-    s_rows = s_base + rows_s * stride_sn
+    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, _copy_layout(QK, WARPS)))
+    s_cols = gl.arange(0, QK // 4, layout=gl.SliceLayout(0, _scale_copy_layout(WARPS)))
     cp.async_copy_global_to_shared(w_s.index(slot), w_rows[:, None] + (k0 // 4 + w_cols)[None, :])
     cp.async_copy_global_to_shared(s_s.index(slot), s_rows[:, None] + (k0 // 16 + s_cols)[None, :])
     _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK, WARPS)
@@ -439,11 +436,15 @@ def nvfp4_moe_gemm2_gluon_kernel(
         k_steps = gl.cdiv(k_end - k_begin, BLOCK_K)
         programs = gl.num_programs(1)
         steps = gl.cdiv(gl.cdiv(hidden_size, BLOCK_N) - pid_n, programs) * k_steps
+        # the row pointers of the tile whose copies are issued next (STAGES - 1 steps ahead of the one computed)
+        w_rows, s_rows = _tile_rows(w_base, s_base, pid_n, stride_wn, stride_sn, hidden_size, BLOCK_N, QK, WARPS)
         for i in gl.static_range(STAGES - 1):
             if i < steps:
-                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, i, pid_n, programs, k_steps, k_begin,
-                                    w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok, BLOCK_N,
-                                    BLOCK_K, WARPS)  # fmt: skip
+                if i > 0 and i % k_steps == 0:  # a tile's first step
+                    w_rows, s_rows = _tile_rows(w_base, s_base, pid_n + (i // k_steps) * programs, stride_wn,
+                                                stride_sn, hidden_size, BLOCK_N, QK, WARPS)  # fmt: skip
+                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + (i % k_steps) * BLOCK_K, w_rows,
+                                    s_rows, x_rows, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
 
         pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
@@ -458,9 +459,12 @@ def nvfp4_moe_gemm2_gluon_kernel(
             _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if nxt < steps:
-                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, nxt, pid_n, programs,
-                                    k_steps, k_begin, w_base, s_base, stride_wn, stride_sn, hidden_size, x_rows, x_ok,
-                                    BLOCK_N, BLOCK_K, WARPS)  # fmt: skip
+                k_nxt = nxt % k_steps
+                if k_nxt == 0:  # a tile's first step
+                    w_rows, s_rows = _tile_rows(w_base, s_base, pid_n + (nxt // k_steps) * programs, stride_wn,
+                                                stride_sn, hidden_size, BLOCK_N, QK, WARPS)  # fmt: skip
+                _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, k_begin + k_nxt * BLOCK_K,
+                                    w_rows, s_rows, x_rows, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
             acc = _matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
                                  x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),

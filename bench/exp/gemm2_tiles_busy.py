@@ -7,7 +7,8 @@ that bucket again from what this measured (bench/README.md). Each setting
 replaces gemm2's tile at every B timed (``decode_cases.tile_override``); the op at real routing, round-robin from CUDA
 graphs on the same inputs, each kernel's time and whether the bits match the cached tiles' (they need not: another
 tile sums K in another order only where its block_k differs).
-Usage: python bench/exp/gemm2_tiles_busy.py OUT_DIR   (EXP_BATCHES, default 128,192,256; BENCH_SEED)
+Usage: python bench/exp/gemm2_tiles_busy.py OUT_DIR   (EXP_BATCHES, default 128,192,256; EXP_TILES, comma-separated
+labels, default TILES; BENCH_SEED)
 """
 
 import os
@@ -19,7 +20,9 @@ from decode_cases import compare_settings, tile_override
 from sglang_glm5 import autotune
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "128,192,256").split(","))
-TILES = ("16x64x256-w4-s3", "16x64x256-w4-s2", "16x128x256-w4-s3", "16x128x128-w4-s3")
+TILES = tuple(
+    os.environ.get("EXP_TILES", "16x64x256-w4-s3,16x64x256-w4-s2,16x128x256-w4-s3,16x128x128-w4-s3").split(",")
+)
 
 if __name__ == "__main__":
     settings = {"cached": {"pick_config": autotune.pick_config}}

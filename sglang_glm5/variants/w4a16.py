@@ -323,6 +323,7 @@ STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
+PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -727,7 +728,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     n_counters = plan.counters
     counters = torch.empty(n_counters, dtype=torch.int32, device=device) if n_counters else None
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < num_global and uses_pdl(device))
+    pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global and uses_pdl(device))
     each_pair = num_pairs <= min(EACH_PAIR_MAX_PAIRS, num_experts)
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
                          pdl=pdl.get("route", False), layout=weights.layout, each_pair=each_pair)  # fmt: skip

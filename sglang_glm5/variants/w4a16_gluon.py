@@ -48,7 +48,10 @@ GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
 # decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
-# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32): not offered.
+# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32). With its row
+# pointers computed once a tile (728 instructions a K step against 836, 16x128x256-w4-s3, sm_90 AOT) the op still
+# took 1.02-1.03x (EP8) and 1.08-1.09x (TP8) the time at B = 32-256 with the best of five Gluon gemm2 tiles (run 39):
+# not offered.
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
 # Above the decode buckets (chunked prefill) the tuner times its leading Triton tiles of these GEMMs again in Gluon,
 # in both orders of gemm1's wgmmas (``prefill_forms``). H200, GLM-5 (bench/README.md, run 34), the op with one
