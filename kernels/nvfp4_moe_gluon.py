@@ -90,32 +90,6 @@ def _griddepcontrol(WAIT: gl.constexpr):
                                   pack=1)  # fmt: skip
 
 
-# One thread of the CTA asks the L2 for a byte range (cp.async.bulk.prefetch, sm_90+): with the evict_last policy
-# (PREFETCH 2) or the default one (1). $1: 16-byte aligned address, $2: bytes, a multiple of 16.
-_PREFETCH_PTX = gl.constexpr(
-    (
-        "",
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "{ .reg .pred p; .reg .u32 t; .reg .b64 pol; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
-    )
-)
-
-
-@gluon.jit
-def _prefetch_share(base, nbytes, share, shares, PREFETCH: gl.constexpr):
-    """Share ``share`` of ``shares`` of the ``nbytes`` bytes at ``base`` (a multiple of 16, 16-byte aligned) into the
-    L2, asynchronously (nothing waits for it)."""
-    chunk = gl.cdiv(gl.cdiv(nbytes, shares), 16) * 16
-    start = share * chunk
-    size = gl.minimum(chunk, nbytes - start)
-    if size > 0:
-        gl.inline_asm_elementwise(_PREFETCH_PTX[PREFETCH], "=r,l,r", [base + start, size], dtype=gl.int32,
-                                  is_pure=False, pack=1)  # fmt: skip
-
-
 @gluon.jit
 def _program_block(block_expert_ptr, PDL: gl.constexpr, BLOCKS_LAST: gl.constexpr = False):
     """(routing block, N program, the block's expert: -1 = no work) of this program: grid axes (block, N) or, with
@@ -265,10 +239,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
     gate_row0,  # first w13 row of the gate half: 0 ("gate_up") or I ("up_gate")
     up_row0,
-    w2_ptr,  # [E, H, I/2] uint8, gemm2's packed codes, an expert's contiguous (PREFETCH), else unused
-    w2s_ptr,  # [E, H, I/16] uint8, gemm2's scale codes, the same (PREFETCH), else unused
-    w2_expert_bytes,  # bytes of an expert's packed codes (a multiple of 16)
-    w2s_expert_bytes,  # bytes of an expert's scale codes (a multiple of 16)
     BLOCK_M: gl.constexpr,  # pairs a routing block (the wgmma's N): 16 at decode, up to 128 at prefill
     BLOCK_N: gl.constexpr,  # rows of gate (and of up) a program, a multiple of 16 * WARPS
     WARPS: gl.constexpr,  # the launch's num_warps: WARPS / 4 warp groups stacked along the rows
@@ -279,8 +249,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
     BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (prefill tiles)
-    PREFETCH: gl.constexpr,  # the programs of a block ask the L2 for its expert's gemm2 weights, a share each: 0 no,
-    # 1 yes, 2 yes with the evict_last policy
 ):  # fmt: skip
     """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
@@ -325,11 +293,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                     wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
                                     WARPS)  # fmt: skip
             cp.commit_group()
-        if PREFETCH > 0:
-            share = pid_n * SPLITS + (gl.program_id(2) if SPLITS > 1 else 0)
-            shares = gl.num_programs(0 if BLOCKS_LAST else 1) * SPLITS
-            _prefetch_share(w2_ptr + e64 * w2_expert_bytes, w2_expert_bytes, share, shares, PREFETCH)
-            _prefetch_share(w2s_ptr + e64 * w2s_expert_bytes, w2s_expert_bytes, share, shares, PREFETCH)
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)

@@ -48,31 +48,6 @@ def test_compiles_for_sm90_with_async_wgmma():
 
 
 @needs_gluon
-def test_gemm1_asks_the_l2_for_gemm2_weights_only_when_told():
-    # PREFETCH 0 / 1 / 2: no prefetch; one a weight array (codes, scales) from one thread; the same with evict_last.
-    # The hint takes no shared memory: the tile's bytes stay what they are.
-    tile = w4a16_gluon.GATE_THEN_UP_TILE.label
-    jobs = [[90, splits, True, tile, "gemm1", mode] for mode in (0, 1, 2) for splits in (1, 3)]
-    results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
-    for (_, splits, _, _, _, mode), got in zip(jobs, results, strict=True):
-        assert isinstance(got, dict), got
-        assert got["l2_prefetch"] is (mode > 0) and got["evict_last"] is (mode == 2), (mode, splits)
-        assert got["shared"] == 53248 and got["maxnreg"] == w4a16_gluon.REGISTER_CAP
-
-
-def test_gemm2_prefetch_takes_only_expert_contiguous_weights():
-    placeholder = torch.empty(4, dtype=torch.bfloat16)
-    w2 = torch.zeros(3, 64, 32, dtype=torch.uint8)  # E = 3, H = 64, I = 64: 2048 bytes an expert
-    scales = torch.zeros(3, 64, 4, dtype=torch.uint8)
-    got = w4a16_gluon.gemm2_prefetch((w2, scales, 2), placeholder)
-    assert got[0] is not placeholder and got[2:] == (2048, 256, 2)
-    assert w4a16_gluon.gemm2_prefetch(None, placeholder)[2:] == (0, 0, 0)
-    strided = torch.zeros(3, 64, 64, dtype=torch.uint8)[:, :, :32]  # an expert is not one contiguous run
-    off = w4a16_gluon.gemm2_prefetch((strided, scales, 1), placeholder)
-    assert off[0] is placeholder and off[2:] == (0, 0, 0)
-
-
-@needs_gluon
 def test_every_gluon_tile_of_the_shipped_h200_cache_compiles_for_sm90():
     # The cache's Gluon entries (decode and chunked-prefill tiles) were measured under Triton 3.6; this Triton must
     # compile each of them for sm_90 within an H200's shared memory too, unsplit.
@@ -318,28 +293,6 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, devi
                        counters=counters, pdl=False, tile=tile)  # fmt: skip
     valid = (ids.reshape(-1) >= 0).nonzero().squeeze(1)
     assert torch.equal(h_gluon[valid], h_triton[valid])
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-def test_the_l2_prefetch_of_gemm2_weights_changes_no_bit(mode, gen, device, monkeypatch):
-    # A hint to the L2: the op with gemm1's programs asking for gemm2's weights gives the same bits, split and unsplit.
-    _gpu_case(device, monkeypatch)
-    layer = random_layer(8, 1024, 512, gen)
-    bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
-    x = torch.randn(3, 1024, generator=gen).bfloat16().to(device)
-    weights, ids = random_routing(3, 8, 4, gen)
-    args = (x, bundle, weights.to(device), ids.to(device))
-    prefetched = []
-    launch = w4a16_gluon.launch
-    monkeypatch.setattr(w4a16_gluon, "launch", lambda *a, **k: prefetched.append(k["prefetch"]) or launch(*a, **k))
-    for per_sm in (0, 2):
-        kw = {"check_ids": False, "num_global_experts": 64, "config": _config(per_sm, w4a16_gluon.TILE)}
-        monkeypatch.setattr(w4a16, "GEMM2_PREFETCH_BELOW_TOKENS_PER_EXPERT", 0.0)
-        plain = moe.fused_moe(*args, **kw)
-        monkeypatch.setattr(w4a16, "GEMM2_PREFETCH_BELOW_TOKENS_PER_EXPERT", 1.0)
-        monkeypatch.setattr(w4a16, "GEMM2_PREFETCH_MODE", mode)
-        assert torch.equal(moe.fused_moe(*args, **kw), plain), (mode, per_sm)
-    assert [p is not None and p[2] for p in prefetched] == [False, mode, False, mode], "asked for where told"
 
 
 # (I, K splits, N tiles per program): EP8-like split and unsplit, and TP8's I = 256 with several tiles a program

@@ -324,10 +324,6 @@ STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
-# Below this many tokens per expert a Gluon gemm1's programs ask the L2 for the gemm2 weights of their experts, in
-# GEMM2_PREFETCH_MODE (``w4a16_gluon.gemm2_prefetch``: 1 the default L2 policy, 2 evict_last); 0: never.
-GEMM2_PREFETCH_BELOW_TOKENS_PER_EXPERT = 0.0
-GEMM2_PREFETCH_MODE = 1
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -543,22 +539,20 @@ def _grid(launch: Launch, n_programs: int) -> tuple[int, int, int]:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False, prefetch: tuple | None = None,
+    pdl: bool = False,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1 or a
     stream-K schedule needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
     ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
     (``routing.uses_pdl``). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
-    per possible block, the launch's splits), else this one. ``prefetch``: (w2, w2_scale, mode), gemm2's weights
-    that the Gluon kernel's programs ask the L2 for (``w4a16_gluon.gemm2_prefetch``); the Triton kernel ignores it."""
+    per possible block, the launch's splits), else this one."""
     num_pairs, inter = h.shape
     check_config(cfg, "gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
         w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
-                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
-                           prefetch=prefetch)  # fmt: skip
+                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg)  # fmt: skip
         return
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
@@ -745,12 +739,9 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
-    prefetch = None
-    if num_pairs < GEMM2_PREFETCH_BELOW_TOKENS_PER_EXPERT * num_global:
-        prefetch = (weights.w2, weights.w2_scale, GEMM2_PREFETCH_MODE)
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
                  up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False), prefetch=prefetch)  # fmt: skip
+                 pdl=pdl.get("gemm1", False))  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:

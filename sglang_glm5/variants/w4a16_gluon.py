@@ -132,14 +132,13 @@ def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
     *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
-    lookahead: int = LOOKAHEAD, blocks_last: bool | None = None, prefetch: tuple | None = None,
+    lookahead: int = LOOKAHEAD, blocks_last: bool | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
     config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight;
     ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing blocks
-    of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1). ``prefetch``: (w2, w2_scale,
-    mode): the programs of each block ask the L2 for its expert's gemm2 weights (``gemm2_prefetch``), else None."""
+    of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
@@ -153,7 +152,6 @@ def launch(
                              "int32")  # fmt: skip
         part = torch.empty((splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element
-    w2, w2s, w2_bytes, w2s_bytes, mode = gemm2_prefetch(prefetch, h)
     blocks, n_tiles, split_axis = _g.grid(num_blocks, inter, tile.block_n, splits)
     if blocks_last is None:
         blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1 and blocks <= MAX_GRID_Y
@@ -163,25 +161,11 @@ def launch(
         num_pairs, top_k, inter, x.shape[1], k_per_split,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
-        w2, w2s, w2_bytes, w2s_bytes,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
         STAGES=tile.num_stages, LOOKAHEAD=lookahead, GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl,
-        BLOCKS_LAST=blocks_last, PREFETCH=mode, num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCKS_LAST=blocks_last, num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
-
-
-def gemm2_prefetch(prefetch: tuple | None, placeholder: torch.Tensor) -> tuple:
-    """gemm1's prefetch arguments: w2 and its scales as [E, ...] uint8, the bytes of an expert's of each, the kernel's
-    PREFETCH mode; for None, or weights whose experts are not each one contiguous run of a multiple of 16 bytes,
-    ``placeholder`` (a tensor on the launch's device, never read) and mode 0."""
-    if prefetch is not None:
-        w2, w2_scale, mode = prefetch
-        w2, w2s = w2.view(torch.uint8), w2_scale.view(torch.uint8)
-        if all(t.dim() == 3 and t[0].is_contiguous() and t.stride(0) == t[0].numel() and t[0].numel() % 16 == 0
-               for t in (w2, w2s)):  # fmt: skip
-            return w2, w2s, w2[0].numel(), w2s[0].numel(), mode
-    return placeholder, placeholder, 0, 0, 0
 
 
 def launch_gemm2(
@@ -223,11 +207,10 @@ def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, ke
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
 
 
-def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: str = "gemm1",
-            prefetch: int = 0) -> dict:  # fmt: skip
+def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: str = "gemm1") -> dict:
     """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): ``kernel`` compiled for ``sm_{arch}`` with
-    ``tile`` (a label) and gemm1's ``prefetch`` mode, as its shared bytes and which instructions its PTX holds."""
-    compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel, prefetch=prefetch)
+    ``tile`` (a label), as its shared bytes and which instructions its PTX holds."""
+    compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel)
     ptx = compiled.asm["ptx"]
     found = {name: text in ptx for name, text in PTX_MARKS.items()}
     cap = re.search(r"^\s*\.maxnreg\s+(\d+)", ptx, re.M)
@@ -236,19 +219,18 @@ def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: s
 
 # What ``aot_job`` looks for in the PTX.
 PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "griddepcontrol.wait",
-             "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global",
-             "l2_prefetch": "cp.async.bulk.prefetch.L2", "evict_last": "L2::evict_last"}  # fmt: skip
+             "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global"}  # fmt: skip
 # Pointer arguments of the two kernels and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32",
-             "topk_weights_ptr": "*fp32", "y_ptr": "*bf16", "w2_ptr": "*u8", "w2s_ptr": "*u8"}  # fmt: skip
+             "topk_weights_ptr": "*fp32", "y_ptr": "*bf16"}  # fmt: skip
 # As in a real launch on GLM-5 shapes: pointers and sizes multiples of 16, except counts and row offsets.
 _NOT_DIVISIBLE = {"num_pairs", "top_k", "stride_gse", "stride_gsg", "gate_row0", "up_row0"}
 
 
 def aot(
     arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD,
-    kernel: str = "gemm1", prefetch: int = 0,
+    kernel: str = "gemm1",
 ):  # fmt: skip
     """Triton's ahead-of-time compile of ``kernel`` for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
     process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
@@ -262,7 +244,7 @@ def aot(
     consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
               "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
-        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False, PREFETCH=prefetch)
+        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False)
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
