@@ -176,6 +176,29 @@ def let_next_launch(PDL: tl.constexpr):
 
 
 @triton.jit
+def mark_block_ready(ready_ptr, pid_m, READY: tl.constexpr):
+    """With READY: this program has stored its tile of h for routing block pid_m; count it in the block's ready counter
+    (release), on which gemm2's programs of the block wait (``await_block``) instead of on the whole of gemm1."""
+    if READY:
+        tl.debug_barrier()  # every thread's h is written before the counter says so
+        tl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def await_block(ready_ptr, pid_m, tiles, READY: tl.constexpr, BACKOFF: tl.constexpr = 0):
+    """With READY: wait until gemm1 has stored all ``tiles`` N tiles of h for routing block pid_m (acquire), sleeping
+    BACKOFF ns between reads of the counter (0: none).
+
+    Deadlock-free: gemm2 is launched after gemm1 (in stream order, or with PDL once every gemm1 program has started),
+    so the programs it waits on are running or done."""
+    if READY:
+        while tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu") < tiles:
+            if BACKOFF > 0:
+                tl.inline_asm_elementwise(f"nanosleep.u32 {BACKOFF}; mov.u32 $0, $1;", "=r,r", [pid_m],
+                                          dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
 def _decode_nvfp4(
     packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
     sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1, 2)
@@ -414,6 +437,7 @@ def nvfp4_moe_gemm1_kernel(
     used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
     part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1); STREAM: _gemm1_stream's; else unused
     counter_ptr,  # [num_blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1 or STREAM), else unused
+    ready_ptr,  # [num_blocks] int32, zero on entry: N tiles of h stored per block (READY), else unused
     h_ptr,  # [P, I] out, dtype of x: h in the permuted K order, gemm2's activations
     num_pairs,  # P = T * top_k
     top_k,
@@ -441,6 +465,7 @@ def nvfp4_moe_gemm1_kernel(
     PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tiles, K splits, block programs) instead (_pid)
     STREAM: tl.constexpr = False,  # grid (programs,): each walks an equal share of all (block, tile, K step)s
+    READY: tl.constexpr = False,  # count each block's stored N tiles in ready_ptr (mark_block_ready; not STREAM)
 ):
     """Grid (block programs, N tiles, K splits). With BLOCK_LOOP, block program b walks the used routing blocks
     b, b + programs, ..., so the grid can be sized for the work expected rather than for the upper
@@ -450,8 +475,13 @@ def nvfp4_moe_gemm1_kernel(
 
     With STREAM (a stream-K schedule, ``_gemm1_stream``) the grid is a number of persistent programs that share the
     work of the used blocks equally, whatever the number of blocks: no program count to plan from expected blocks,
-    no tail wave."""
+    no tail wave.
+
+    With READY, gemm2's programs of a block wait for its counter, not for the whole launch: the next launch may then
+    start as soon as every program of this one has started (``let_next_launch`` at the start)."""
     after_previous_launch(PDL)
+    if READY:
+        let_next_launch(PDL)
     if STREAM:
         _gemm1_stream(
             x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, part_ptr, counter_ptr,
@@ -463,20 +493,20 @@ def nvfp4_moe_gemm1_kernel(
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm1_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
-                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
-                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, ready_ptr, h_ptr, num_pairs,
+                top_k, inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, READY,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
         if expert >= 0:
             _gemm1_block(
                 _pid(0, BLOCKS_LAST), expert,
-                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k,
-                inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
+                x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, ready_ptr, h_ptr, num_pairs,
+                top_k, inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn,
                 stride_gse, stride_gsg, stride_ht, gate_row0, up_row0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SPLITS,
-                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST,
+                LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, READY,
             )  # fmt: skip
 
 
@@ -542,11 +572,12 @@ def _gemm1_epilogue(
 def _gemm1_block(
     pid_m,  # the routing block
     expert,  # its expert
-    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, h_ptr, num_pairs, top_k, inter_size,
-    hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht,
-    gate_row0, up_row0,
+    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, part_ptr, counter_ptr, ready_ptr, h_ptr, num_pairs, top_k,
+    inter_size, hidden_size, k_per_split, stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg,
+    stride_ht, gate_row0, up_row0,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLITS: tl.constexpr,
     LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr, PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr,
+    READY: tl.constexpr,
 ):  # fmt: skip
     """gemm1 for routing block pid_m, N tile program_id(1), K split program_id(2) (the kernel's arguments)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -557,7 +588,8 @@ def _gemm1_block(
         hidden_size, stride_xt, stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N,
         BLOCK_K, EVEN_K, LAYOUT, INTERPRETER,
     )  # fmt: skip
-    let_next_launch(PDL)
+    if not READY:
+        let_next_launch(PDL)
 
     last = True
     if SPLITS > 1:
@@ -582,6 +614,7 @@ def _gemm1_block(
     if last:
         _gemm1_epilogue(acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, expert, wgs_ptr, h_ptr, stride_gse, stride_gsg,
                         stride_ht, LAYOUT, INTERPRETER)  # fmt: skip
+        mark_block_ready(ready_ptr, pid_m, READY)
 
 
 # Partial tiles the last program of a stream-K tile loads at a time (``_gemm1_stream``).
@@ -702,11 +735,13 @@ def nvfp4_moe_gemm2_kernel(
     sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 pair ids, >= num_pairs = padding
     block_expert_ptr,  # [num_blocks] int32, -1 = no work
     used_blocks_ptr,  # [1] int32: the blocks that hold pairs are 0 .. used - 1
+    ready_ptr,  # [num_blocks] int32: gemm1's N tiles of h stored per block (READY), else unused
     y_ptr,  # [P, H] out, dtype of the hidden states; with SPLITS > 1 [SPLITS, P, H] fp32 partials
     num_pairs,
     hidden_size,  # H (the N of this GEMM)
     inter_size,  # I (the K of this GEMM)
     k_per_split,  # K elements per split, a multiple of BLOCK_K (SPLITS > 1)
+    ready_tiles,  # gemm1's N tiles a block: h of a block is whole when its ready counter reaches this (READY)
     stride_ht,
     stride_we,
     stride_wn,
@@ -726,41 +761,72 @@ def nvfp4_moe_gemm2_kernel(
     BLOCKS_LAST: tl.constexpr = False,  # grid (N tile groups, K splits, block programs) instead (_pid)
     HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
     ONE_K_STEP: tl.constexpr = False,  # MULTI_TILE with I <= BLOCK_K: the activations loaded once for all tiles
+    READY: tl.constexpr = False,  # wait for each block's ready counter (gemm1 READY) instead of the whole of gemm1
+    PREFETCH: tl.constexpr = False,  # READY: ask the L2 for the program's weights before waiting
+    BACKOFF: tl.constexpr = 0,  # READY: ns asleep between reads of the counter (await_block)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
     loops (I = 256 under TP8 is one or two K steps), program n computes tiles n, n + programs, ... in
     one K loop over (tile, k) steps, so that the weight stream stays pipelined across tiles instead of
-    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other."""
-    after_previous_launch(PDL)
+    restarting in a new program every few steps. MULTI_TILE and SPLITS > 1 exclude each other.
+
+    With READY (and PDL), a program reads its routing block and waits for that block's h alone (``await_block``), so
+    that it may start while gemm1 still runs; it waits for the launch before it at its end instead, so that this
+    launch completes after gemm1 (what the top-k sum and later launches wait on). The routing it reads was
+    complete before any gemm1 program got past its own wait, and so before this launch started."""
+    if not READY:
+        after_previous_launch(PDL)
     if BLOCK_LOOP:
         for pid_m in range(_pid(0, BLOCKS_LAST), tl.load(used_blocks_ptr), _nprog(0, BLOCKS_LAST)):
             _gemm2_block(
                 pid_m, tl.load(block_expert_ptr + pid_m),
-                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
-                inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES, ONE_K_STEP,
+                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, ready_ptr, y_ptr, num_pairs,
+                hidden_size, inter_size, k_per_split, ready_tiles, stride_ht, stride_we, stride_wn, stride_se,
+                stride_sn, stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
+                BLOCKS_LAST, HALVES, ONE_K_STEP, READY, PREFETCH, BACKOFF,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
         if expert >= 0:
             _gemm2_block(
                 _pid(0, BLOCKS_LAST), expert,
-                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size,
-                inter_size, k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt, BLOCK_M,
-                BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL, BLOCKS_LAST, HALVES, ONE_K_STEP,
+                h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, ready_ptr, y_ptr, num_pairs,
+                hidden_size, inter_size, k_per_split, ready_tiles, stride_ht, stride_we, stride_wn, stride_se,
+                stride_sn, stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
+                BLOCKS_LAST, HALVES, ONE_K_STEP, READY, PREFETCH, BACKOFF,
             )  # fmt: skip
+    if READY:
+        after_previous_launch(PDL)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, ws_ptr, expert, pid_n, k_begin, k_end, size, stride_we, stride_wn, stride_se, stride_sn,
+                   BLOCK_N: tl.constexpr):  # fmt: skip
+    """Ask the L2 for the packed words and scales of N tile pid_n's rows over K [k_begin, k_end): one
+    ``prefetch.global.L2`` a 128-byte line (64 words, 128 scale codes), nothing waits for them."""
+    offs_n, n_ok, offs_n_safe = tile_columns(pid_n, size, BLOCK_N)
+    w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
+    LINES: tl.constexpr = 8  # lines a row, up to a K range of 2048 (GLM-5 EP8's gemm2 split in two or more)
+    words = tl.minimum(k_begin // 4 + tl.arange(0, LINES) * 64, k_end // 4 - 1)  # past the range: its last line again
+    w_lines = w_rows[:, None] + words[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_lines], dtype=tl.int32,
+                              is_pure=False, pack=1)  # fmt: skip
+    s_first = s_rows + k_begin // 16
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [s_first], dtype=tl.int32,
+                              is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
 def _gemm2_block(
     pid_m,  # the routing block
     expert,  # its expert
-    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size, inter_size,
-    k_per_split, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
+    h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, ready_ptr, y_ptr, num_pairs, hidden_size,
+    inter_size, k_per_split, ready_tiles, stride_ht, stride_we, stride_wn, stride_se, stride_sn, stride_yt,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
     PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr, ONE_K_STEP: tl.constexpr,
+    READY: tl.constexpr, PREFETCH: tl.constexpr, BACKOFF: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -772,6 +838,10 @@ def _gemm2_block(
     h_rows = h_ptr + pair_safe * stride_ht
     # DECODE_UNSCALE = 2^7
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
+    if PREFETCH and not MULTI_TILE:
+        _prefetch_rows(w_ptr, ws_ptr, expert, pid_n, k_begin, k_end, hidden_size, stride_we, stride_wn, stride_se,
+                       stride_sn, BLOCK_N)  # fmt: skip
+    await_block(ready_ptr, pid_m, ready_tiles, READY, BACKOFF)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
     if HALVES:

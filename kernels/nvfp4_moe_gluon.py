@@ -91,6 +91,14 @@ def _griddepcontrol(WAIT: gl.constexpr):
 
 
 @gluon.jit
+def _mark_ready(ready_ptr, pid_m, READY: gl.constexpr):
+    """``nvfp4_moe.mark_block_ready``: this program's tile of h for block pid_m is stored (release)."""
+    if READY:
+        _cta_barrier()  # every thread's h is written before the counter says so
+        gl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
 def _program_block(block_expert_ptr, PDL: gl.constexpr, BLOCKS_LAST: gl.constexpr = False):
     """(routing block, N program, the block's expert: -1 = no work) of this program: grid axes (block, N) or, with
     BLOCKS_LAST, (N, block); with PDL after waiting for the launch before it."""
@@ -231,6 +239,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     h_ptr,  # [P, I] bf16 out, permuted K order
     part_ptr,  # [SPLITS, P, 2, I] fp32 partial sums of gate and up (SPLITS > 1), else unused
     counter_ptr,  # [blocks, N tiles] int32, zero on entry and left zero (SPLITS > 1), else unused
+    ready_ptr,  # [blocks] int32, zero on entry: N tiles of h stored per block (READY), else unused
     num_pairs,  # P
     top_k,
     inter_size,  # I
@@ -249,11 +258,15 @@ def nvfp4_moe_gemm1_gluon_kernel(
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
     BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (prefill tiles)
+    READY: gl.constexpr = False,  # count each block's stored N tiles in ready_ptr (nvfp4_moe.mark_block_ready)
 ):  # fmt: skip
-    """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps."""
+    """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps. With READY the
+    next launch may start once every program has started (gemm2 waits for each block's counter instead)."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
     pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL, BLOCKS_LAST)
+    if PDL and READY:
+        _griddepcontrol(False)
     if expert >= 0:
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
@@ -330,7 +343,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                               LOOKAHEAD)  # fmt: skip
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         cp.wait_group(0)
-        if PDL:
+        if PDL and not READY:
             _griddepcontrol(False)
 
         n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
@@ -354,8 +367,10 @@ def nvfp4_moe_gemm1_gluon_kernel(
                     acc_u += gl.load(p_ptrs + split * split_stride + inter_size, mask=ok, other=0.0,
                                      cache_modifier=".cg")  # fmt: skip
                 _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+                _mark_ready(ready_ptr, pid_m, READY)
         else:
             _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+            _mark_ready(ready_ptr, pid_m, READY)
 
 
 @gluon.jit

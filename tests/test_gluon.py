@@ -48,6 +48,17 @@ def test_compiles_for_sm90_with_async_wgmma():
 
 
 @needs_gluon
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gemm1_with_ready_counters_compiles_one_more_atomic_and_no_more_shared_memory(splits):
+    # w4a16.awaits_blocks: each block's stored N tiles counted (one release atomic), with the split counter.
+    tile = w4a16_gluon.TWO_STAGE_TILE.label
+    jobs = [[90, splits, True, tile, "gemm1", ready] for ready in (False, True)]
+    plain, ready = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
+    assert ready["atomics"] == plain["atomics"] + 1 == (2 if splits > 1 else 1)
+    assert ready["shared"] == plain["shared"] and ready["gdc_launch"] and ready["gdc_wait"]
+
+
+@needs_gluon
 def test_every_gluon_tile_of_the_shipped_h200_cache_compiles_for_sm90():
     # The cache's Gluon entries (decode and chunked-prefill tiles) were measured under Triton 3.6; this Triton must
     # compile each of them for sm_90 within an H200's shared memory too, unsplit.

@@ -163,10 +163,10 @@ def _kernel_fn(kernel: str):
 _POINTERS = {
     "x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32",
     "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "used_blocks_ptr": "*i32",
-    "part_ptr": "*fp32", "counter_ptr": "*i32",
+    "part_ptr": "*fp32", "counter_ptr": "*i32", "ready_ptr": "*i32",
 }  # fmt: skip
 # Arguments that are not multiples of 16 in a real launch (the rest are: pointers, sizes, strides).
-_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse"}
+_NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "stride_gse", "ready_tiles"}
 
 
 # The compile-time forms each kernel may run in, chosen per call by the op (``moe.nvfp4_fused_moe``):
@@ -177,20 +177,22 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
 # last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
-# take them.
+# take them. The forms a decode step may run with per-block ready counters (``awaits_blocks``) are compiled with them:
+# the counters add a word of shared memory at most (the same bytes for GLM-5's decode tiles on sm_90 and sm_120,
+# Triton 3.8 AOT) and the code of the plain form.
 FORMS = {
     "gemm1": (
-        {"SPLITS": 1, "BLOCK_LOOP": False},
-        {"SPLITS": 2, "BLOCK_LOOP": True},
-        {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
+        {"SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
+        {"SPLITS": 2, "BLOCK_LOOP": True, "READY": True},
+        {"SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True, "READY": True},
         {"SPLITS": 1, "BLOCK_LOOP": False, "STREAM": True},
     ),
     "gemm2": (
-        {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False},
-        {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False},
-        {"MULTI_TILE": True, "ONE_K_STEP": True, "SPLITS": 1, "BLOCK_LOOP": False},  # where I <= block_k
-        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True},
-        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True},
+        {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
+        {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
+        {"MULTI_TILE": True, "ONE_K_STEP": True, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},  # I <= block_k
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "READY": True, "PREFETCH": True, "BACKOFF": 256},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True, "READY": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # only where ``halves`` allows it
     ),
 }
@@ -203,10 +205,13 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
         "LAYOUT": LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel"),
         "PDL": False,  # two instructions, no shared memory
         "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
+        "READY": False,  # per-block ready counters (a form may set it)
     }  # fmt: skip
     if kernel == "gemm2":
         consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
         consts["ONE_K_STEP"] = False  # several tiles on activations loaded once (a form sets it)
+        consts["PREFETCH"] = False  # L2 prefetches before the ready wait: no shared memory
+        consts["BACKOFF"] = 0  # a nanosleep in the ready wait (a form may set it)
     else:
         consts["STREAM"] = False  # the stream-K schedule (a form sets it)
     consts.update(form or FORMS[kernel][0])
@@ -324,6 +329,12 @@ STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
+# Below this many tokens per expert (with PDL), gemm2's programs wait for their routing block's h alone, counted by
+# gemm1 in per-block ready counters, not for the whole of gemm1 (``awaits_blocks``); with GEMM2_PREFETCH they ask the
+# L2 for their weights before waiting.
+AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
+GEMM2_PREFETCH = False
+READY_BACKOFF_NS = 0  # a waiting gemm2 program sleeps this long between reads of its block's counter
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -434,6 +445,19 @@ def plan_gemms(
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
+def awaits_blocks(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
+    """Whether gemm2's programs wait for their routing block's h alone (per-block ready counters that gemm1 fills)
+    rather than for the whole of gemm1: below ``AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT``, where gemm2 is a ``dependent``
+    launch (PDL; or the interpreter, which runs the same kernels in order), both GEMMs on one routing (the same
+    block_m) and gemm1 on a planned grid (not stream-K)."""
+    return (
+        dependent
+        and num_pairs < AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT * num_global_experts
+        and cfg.gemm1.block_m == cfg.gemm2.block_m
+        and not plan.gemm1.stream
+    )
+
+
 def _stream_fits(programs: int, units: int) -> bool:
     """Whether a stream-K schedule of ``programs`` over at most ``units`` work units (blocks x N tiles x K steps)
     keeps the kernel's int32 unit arithmetic (program x units) in range."""
@@ -539,20 +563,26 @@ def _grid(launch: Launch, n_programs: int) -> tuple[int, int, int]:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False,
+    pdl: bool = False, ready: torch.Tensor | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1 or a
     stream-K schedule needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
     ``layout``: that of w13 and its scales (``nvfp4.LAYOUTS``). ``pdl``: programmatic dependent launch
-    (``routing.uses_pdl``). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
-    per possible block, the launch's splits), else this one."""
+    (``routing.uses_pdl``). ``ready``: int32 [num_blocks], zeroed: each block's stored N tiles are counted there, for
+    a gemm2 launched with the same tensor (``launch_gemm2``; not with a stream-K schedule). A config marked ``gluon``
+    runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits), else
+    this one."""
     num_pairs, inter = h.shape
     check_config(cfg, "gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
     _check_launch(launch, cfg, x.shape[1])
+    _check_ready(ready, route)
+    if ready is not None and launch.stream:
+        raise ValueError("ready: per-block ready counters need a planned grid, got a stream-K schedule")
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
         w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
-                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg)  # fmt: skip
+                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
+                           ready=ready)  # fmt: skip
         return
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
@@ -580,6 +610,7 @@ def launch_gemm1(
         used_blocks_ptr=route.used_blocks,
         part_ptr=h if part is None else part,
         counter_ptr=route.used_blocks if counters is None else counters,
+        ready_ptr=route.used_blocks if ready is None else ready,
         h_ptr=h,
         num_pairs=num_pairs,
         top_k=top_k,
@@ -607,10 +638,17 @@ def launch_gemm1(
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
         STREAM=launch.stream > 0,
+        READY=ready is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
+
+
+def _check_ready(ready: torch.Tensor | None, route: Route) -> None:
+    if ready is not None and (ready.dtype != torch.int32 or ready.numel() != route.block_expert.numel()):
+        raise ValueError(f"ready: expected {route.block_expert.numel()} int32 counters (one a routing block), got "
+                         f"{ready.numel()} {ready.dtype}")  # fmt: skip
 
 
 def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
@@ -637,12 +675,16 @@ def halves(cfg: GemmConfig, per_program: int) -> bool:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
+    ready: torch.Tensor | None = None, ready_tiles: int = 0, prefetch: bool = False,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
-    ``launch_gemm1``. A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per
-    possible block, the launch's splits and N tiles per program), else this one."""
+    ``launch_gemm1``. ``ready``: the counters gemm1 filled on the same routing (``launch_gemm1``): a program waits
+    until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1 (with ``pdl``,
+    while gemm1 still runs); ``prefetch``: it asks the L2 for its weights before waiting. A config marked ``gluon``
+    runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles
+    per program), else this one."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
@@ -664,7 +706,14 @@ def launch_gemm2(
     want = (launch.splits, num_pairs, hidden) if split else (num_pairs, hidden)
     if tuple(y.shape) != want or (split and y.dtype != torch.float32):
         raise ValueError(f"y: expected shape {list(want)}{' fp32' if split else ''}, got {list(y.shape)} {y.dtype}")
+    _check_ready(ready, route)
+    if ready is not None and ready_tiles < 1:
+        raise ValueError(f"ready_tiles: expected gemm1's N tiles a block (>= 1), got {ready_tiles}")
+    if prefetch and (ready is None or interpret):
+        raise ValueError("prefetch: the L2 prefetch runs before a ready wait, on a GPU")
     if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg, h.dtype):
+        if ready is not None:
+            raise ValueError(f"ready: the Gluon gemm2 ({cfg.label}) waits for the whole of gemm1")
         w4a16_gluon.launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, splits=launch.splits,
                                  k_per_split=launch.k_per_split, per_program=per_program, pdl=pdl,
                                  tile=cfg)  # fmt: skip
@@ -680,11 +729,13 @@ def launch_gemm2(
         sorted_ids_ptr=route.sorted_ids,
         block_expert_ptr=route.block_expert,
         used_blocks_ptr=route.used_blocks,
+        ready_ptr=route.used_blocks if ready is None else ready,
         y_ptr=y,
         num_pairs=num_pairs,
         hidden_size=hidden,
         inter_size=h.shape[1],
         k_per_split=launch.k_per_split,
+        ready_tiles=ready_tiles,
         stride_ht=h.stride(0),
         stride_we=w2.stride(0),
         stride_wn=w2.stride(1),
@@ -704,6 +755,9 @@ def launch_gemm2(
         INTERPRETER=interpret,
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
+        READY=ready is not None,
+        PREFETCH=prefetch,
+        BACKOFF=READY_BACKOFF_NS if ready is not None and not interpret else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -725,10 +779,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
-    n_counters = plan.counters
-    counters = torch.empty(n_counters, dtype=torch.int32, device=device) if n_counters else None
-    xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global and uses_pdl(device))
+    gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
+    awaits = not gluon2 and awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret)
+    n_ready = num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m) if awaits else 0
+    n_counters = plan.counters
+    counters = torch.empty(n_counters + n_ready, dtype=torch.int32, device=device) if n_counters + n_ready else None
+    ready = counters[n_counters:] if awaits else None  # zeroed with the split counters by the routing launch
+    xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
     each_pair = num_pairs <= min(EACH_PAIR_MAX_PAIRS, num_experts)
     route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
                          pdl=pdl.get("route", False), layout=weights.layout, each_pair=each_pair)  # fmt: skip
@@ -741,14 +799,16 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
                  up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False))  # fmt: skip
+                 pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False))  # fmt: skip
+                 layout=weights.layout, pdl=pdl.get("gemm2", False), ready=ready,
+                 ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n),
+                 prefetch=awaits and GEMM2_PREFETCH and not interpret)  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 

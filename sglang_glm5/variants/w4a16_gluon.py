@@ -132,10 +132,11 @@ def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int
 def launch(
     x, w13, w13_scale, gs13, route: Route, h, top_k, gate_row0, up_row0,
     *, splits: int, k_per_split: int, counters: torch.Tensor | None, pdl: bool, tile: GemmConfig = TILE,
-    lookahead: int = LOOKAHEAD, blocks_last: bool | None = None,
+    lookahead: int = LOOKAHEAD, blocks_last: bool | None = None, ready: torch.Tensor | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
-    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split. ``tile``: a
+    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split; ``ready``: the
+    per-block ready counters (``w4a16.launch_gemm1``). ``tile``: a
     config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight;
     ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing blocks
     of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
@@ -157,13 +158,13 @@ def launch(
         blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1 and blocks <= MAX_GRID_Y
     _g.nvfp4_moe_gemm1_gluon_kernel[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
-        route.used_blocks if counters is None else counters,
+        route.used_blocks if counters is None else counters, route.used_blocks if ready is None else ready,
         num_pairs, top_k, inter, x.shape[1], k_per_split,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), gs13.stride(0),
         gs13.stride(1) if gs13.dim() == 2 else 0, h.stride(0), gate_row0, up_row0,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
         STAGES=tile.num_stages, LOOKAHEAD=lookahead, GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl,
-        BLOCKS_LAST=blocks_last, num_warps=tile.num_warps, launch_pdl=pdl,
+        BLOCKS_LAST=blocks_last, READY=ready is not None, num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
 
@@ -207,14 +208,17 @@ def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, ke
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
 
 
-def aot_job(arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: str = "gemm1") -> dict:
+def aot_job(
+    arch: int, splits: int, pdl: bool, tile: str = TILE.label, kernel: str = "gemm1", ready: bool = False
+) -> dict:
     """An ``sglang_glm5.aot`` job (a fresh process, the interpreter off): ``kernel`` compiled for ``sm_{arch}`` with
-    ``tile`` (a label), as its shared bytes and which instructions its PTX holds."""
-    compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel)
+    ``tile`` (a label), as its shared bytes, which instructions its PTX holds and how many atomics."""
+    compiled = aot(arch, splits=splits, pdl=pdl, tile=GemmConfig.from_label(tile), kernel=kernel, ready=ready)
     ptx = compiled.asm["ptx"]
     found = {name: text in ptx for name, text in PTX_MARKS.items()}
     cap = re.search(r"^\s*\.maxnreg\s+(\d+)", ptx, re.M)
-    return {"shared": compiled.metadata.shared, "maxnreg": cap and int(cap.group(1)), **found}
+    atomics = ptx.count("atom.global")
+    return {"shared": compiled.metadata.shared, "maxnreg": cap and int(cap.group(1)), "atomics": atomics, **found}
 
 
 # What ``aot_job`` looks for in the PTX.
@@ -223,14 +227,14 @@ PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "gr
 # Pointer arguments of the two kernels and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32",
-             "topk_weights_ptr": "*fp32", "y_ptr": "*bf16"}  # fmt: skip
+             "ready_ptr": "*i32", "topk_weights_ptr": "*fp32", "y_ptr": "*bf16"}  # fmt: skip
 # As in a real launch on GLM-5 shapes: pointers and sizes multiples of 16, except counts and row offsets.
 _NOT_DIVISIBLE = {"num_pairs", "top_k", "stride_gse", "stride_gsg", "gate_row0", "up_row0"}
 
 
 def aot(
     arch: int = 90, *, splits: int = 1, pdl: bool = False, tile: GemmConfig = TILE, lookahead: int = LOOKAHEAD,
-    kernel: str = "gemm1",
+    kernel: str = "gemm1", ready: bool = False,
 ):  # fmt: skip
     """Triton's ahead-of-time compile of ``kernel`` for ``sm_{arch}`` (no GPU needed): the compiled kernel. Not in a
     process that imported the kernels under ``TRITON_INTERPRET=1``: run it through ``aot_job``."""
@@ -244,7 +248,7 @@ def aot(
     consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
               "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
-        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False)
+        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False, READY=ready)
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)

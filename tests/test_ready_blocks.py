@@ -1,0 +1,149 @@
+"""Per-block ready counters: gemm2's programs wait for their routing block's h alone, not for the whole of gemm1.
+
+Below one token per expert, with programmatic dependent launch, gemm1 counts each routing block's stored N tiles of h
+(release) and lets gemm2 launch once every gemm1 program has started; a gemm2 program reads its block and waits until
+the block's counter reaches gemm1's N tiles (acquire) (``w4a16.awaits_blocks``). A wrong count would leave gemm2
+waiting forever or reading h early, so the counts are checked exactly, and the outputs against the plain launches bit
+for bit. The interpreter runs the same kernels in order (gemm1 done before gemm2 starts); the GPU tests run them
+overlapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang_glm5 import moe, routing
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a16
+from sglang_glm5.weights import Nvfp4MoeWeights
+
+HIDDEN, INTER, EXPERTS, TOP_K = 640, 384, 8, 4
+TILE = GemmConfig(16, 64, 64)
+
+
+def _layer_and_routing(num_tokens: int, active: int, gen: torch.Generator, device: torch.device):
+    layer = random_layer(EXPERTS, HIDDEN, INTER, gen)
+    weights, _ = random_routing(num_tokens, EXPERTS, TOP_K, gen)
+    experts = torch.randperm(EXPERTS, generator=gen)[:active].to(torch.int32)
+    ids = torch.full((num_tokens, TOP_K), -1, dtype=torch.int32)
+    for t in range(num_tokens):  # one to min(top_k, active) distinct local experts, the other slots remote
+        n = int(torch.randint(1, min(TOP_K, active) + 1, (1,), generator=gen))
+        ids[t, torch.randperm(TOP_K, generator=gen)[:n]] = experts[torch.randperm(active, generator=gen)[:n]]
+    x = torch.randn(num_tokens, HIDDEN, generator=gen).bfloat16()
+    return layer, x.to(device), weights.to(device), ids.to(device)
+
+
+def _gemm1(layer, x, ids, splits: int, ready: bool, device):
+    w13, s13, g13 = (t.to(device) for t in layer.args()[:3])
+    tiles = -(-INTER // TILE.block_n)
+    bound = routing.num_blocks_bound(ids.numel(), EXPERTS, TILE.block_m)
+    counters = torch.full((bound * tiles + bound,), 7, dtype=torch.int32, device=device)  # the route zeroes them
+    route = routing.route_pairs(ids, EXPERTS, TILE.block_m, zero=counters)
+    launch = w4a16.Launch(bound, *w4a16.k_splits(HIDDEN, TILE.block_k, splits))
+    h = torch.full((ids.numel(), INTER), float("nan"), dtype=torch.bfloat16, device=device)
+    w4a16.launch_gemm1(routing.prepare_activations(x), w13, s13, g13, route, h, TILE, TOP_K, 0, INTER,
+                       routing.interpreting(), launch=launch, counters=counters[: bound * tiles],
+                       ready=counters[bound * tiles :] if ready else None)  # fmt: skip
+    return h, route, counters[bound * tiles :]
+
+
+@pytest.mark.parametrize("splits", [1, 3])  # every program stores its tile; the last of three splits stores it
+@pytest.mark.parametrize("num_tokens, active", [(1, 1), (3, 2), (6, 8)])  # one block; two experts; every expert
+def test_gemm1_counts_each_blocks_tiles_and_keeps_its_bits(num_tokens, active, splits, gen, device):
+    layer, x, _, ids = _layer_and_routing(num_tokens, active, gen, device)
+    h, route, ready = _gemm1(layer, x, ids, splits, True, device)
+    plain, _, _ = _gemm1(layer, x, ids, splits, False, device)
+    used = int(route.used_blocks.item())
+    assert used >= 1 and route.block_expert[:used].ge(0).all()
+    want = torch.zeros_like(ready)
+    want[:used] = -(-INTER // TILE.block_n)  # each used block: every N tile counted once
+    assert torch.equal(ready, want), "a used block counts each of its N tiles once, an unused one nothing"
+    valid = ids.reshape(-1) >= 0
+    assert torch.equal(h[valid], plain[valid]), "the counters change no bit of h"
+
+
+@pytest.mark.parametrize("per_program, splits", [(1, 1), (1, 2), (3, 1)])  # one tile; a split K; several tiles
+def test_gemm2_waiting_for_its_block_gives_the_plain_bits(per_program, splits, gen, device):
+    layer, x, weights, ids = _layer_and_routing(5, 3, gen, device)
+    h, route, ready = _gemm1(layer, x, ids, 2, True, device)
+    w2, s2, g2 = (t.to(device) for t in layer.args()[3:])
+    launch = w4a16.Launch(route.block_expert.numel(), *w4a16.k_splits(INTER, TILE.block_k, splits))
+    shape = (launch.splits, ids.numel(), HIDDEN) if launch.splits > 1 else (ids.numel(), HIDDEN)
+
+    def gemm2(**kw) -> torch.Tensor:
+        y = torch.full(shape, float("nan"), dtype=torch.float32 if launch.splits > 1 else torch.bfloat16, device=device)
+        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1), route, y, TILE, routing.interpreting(),
+                           per_program=per_program, launch=launch, **kw)  # fmt: skip
+        return y[..., ids.reshape(-1) >= 0, :]
+
+    assert torch.equal(gemm2(ready=ready, ready_tiles=-(-INTER // TILE.block_n)), gemm2())
+
+
+def test_awaits_blocks_only_below_one_token_per_expert_on_one_routing():
+    cfg = w4a16.heuristic_config(1 / 8)
+    plan = w4a16.plan_gemms(cfg, 8, 32, 256, 6144, 2048, 132)
+    assert w4a16.awaits_blocks(cfg, plan, 8, 256, dependent=True), "GLM-5 EP8 B = 1"
+    assert not w4a16.awaits_blocks(cfg, plan, 8, 256, dependent=False), "gemm2 not a dependent launch: no overlap"
+    assert not w4a16.awaits_blocks(cfg, plan, 256, 256, dependent=True), "one token per expert: every expert busy"
+    other = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, block_m=32))
+    assert not w4a16.awaits_blocks(other, w4a16.plan_gemms(other, 8, 32, 256, 6144, 2048, 132), 8, 256, True), (
+        "gemm2 on its own routing: its blocks are not gemm1's"
+    )
+    stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
+    plan = w4a16.plan_gemms(stream, 8, 32, 256, 6144, 2048, 132)
+    assert plan.gemm1.stream and not w4a16.awaits_blocks(stream, plan, 8, 256, True), "stream-K cuts tiles"
+
+
+def test_bad_ready_arguments_are_refused(gen, device):
+    layer, x, weights, ids = _layer_and_routing(2, 2, gen, device)
+    h, route, ready = _gemm1(layer, x, ids, 1, True, device)
+    w13, s13, g13, w2, s2, g2 = (t.to(device) for t in layer.args())
+    xp = routing.prepare_activations(x)
+    with pytest.raises(ValueError, match="ready: expected"):
+        w4a16.launch_gemm1(xp, w13, s13, g13, route, h, TILE, TOP_K, 0, INTER, routing.interpreting(),
+                           ready=ready[:-1])  # fmt: skip
+    with pytest.raises(ValueError, match="ready: expected"):
+        w4a16.launch_gemm1(xp, w13, s13, g13, route, h, TILE, TOP_K, 0, INTER, routing.interpreting(),
+                           ready=ready.long())  # fmt: skip
+    stream = w4a16.Launch(route.block_expert.numel(), 1, HIDDEN, stream=8)
+    with pytest.raises(ValueError, match="stream-K"):
+        w4a16.launch_gemm1(xp, w13, s13, g13, route, h, TILE, TOP_K, 0, INTER, routing.interpreting(), launch=stream,
+                           counters=torch.zeros(10_000, dtype=torch.int32, device=device), ready=ready)  # fmt: skip
+    y = torch.empty(ids.numel(), HIDDEN, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="ready_tiles"):
+        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1), route, y, TILE, routing.interpreting(), ready=ready)
+    with pytest.raises(ValueError, match="prefetch"):
+        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1), route, y, TILE, routing.interpreting(), prefetch=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="overlapped launches need a GPU")
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(prefetch, gen, device, monkeypatch):
+    # gemm2 launched while gemm1 runs, each program waiting for its block, eagerly and replayed from a CUDA graph
+    # with other routings (one expert, then all), against gemm2 waiting for the whole of gemm1.
+    if device.type != "cuda" or not routing.uses_pdl(device):
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not an sm_90+ GPU")
+    layer = Nvfp4MoeWeights.build(*(t.cuda() for t in random_layer(EXPERTS, 1024, 512, gen).args())).for_device()
+    kw = {"check_ids": False, "num_global_experts": 64}
+    monkeypatch.setattr(w4a16, "GEMM2_PREFETCH", prefetch)
+    x = torch.randn(6, 1024, generator=gen).bfloat16().cuda()
+    weights, _ = random_routing(6, EXPERTS, TOP_K, gen)
+    weights = weights.cuda()
+    ids = torch.full((6, TOP_K), -1, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(x, layer, weights, ids, **kw)
+    for active in (1, EXPERTS, 2):
+        ids.copy_(torch.randint(0, active, (6, TOP_K), generator=gen, dtype=torch.int32).cuda())
+        ids[0, 1:] = -1
+        monkeypatch.setattr(w4a16, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 0)
+        whole = moe.fused_moe(x, layer, weights, ids, **kw)
+        monkeypatch.setattr(w4a16, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 1)
+        assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), whole), f"{active} active, eagerly"
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, whole), f"{active} active, from the graph"
