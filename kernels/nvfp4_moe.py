@@ -185,17 +185,15 @@ def mark_block_ready(ready_ptr, pid_m, READY: tl.constexpr):
 
 
 @triton.jit
-def await_block(ready_ptr, pid_m, tiles, READY: tl.constexpr, BACKOFF: tl.constexpr = 0):
-    """With READY: wait until gemm1 has stored all ``tiles`` N tiles of h for routing block pid_m (acquire), sleeping
-    BACKOFF ns between reads of the counter (0: none).
+def await_block(ready_ptr, pid_m, tiles, READY: tl.constexpr):
+    """With READY: wait until gemm1 has stored all ``tiles`` N tiles of h for routing block pid_m (acquire). (A
+    ``nanosleep`` between reads of the counter measured no different: bench/README.md, run 40.)
 
     Deadlock-free: gemm2 is launched after gemm1 (in stream order, or with PDL once every gemm1 program has started),
     so the programs it waits on are running or done."""
     if READY:
         while tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu") < tiles:
-            if BACKOFF > 0:
-                tl.inline_asm_elementwise(f"nanosleep.u32 {BACKOFF}; mov.u32 $0, $1;", "=r,r", [pid_m],
-                                          dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+            pass
 
 
 @triton.jit
@@ -762,8 +760,6 @@ def nvfp4_moe_gemm2_kernel(
     HALVES: tl.constexpr = False,  # the N tile as two halves of BLOCK_N / 2 rows, one after the other (not MULTI_TILE)
     ONE_K_STEP: tl.constexpr = False,  # MULTI_TILE with I <= BLOCK_K: the activations loaded once for all tiles
     READY: tl.constexpr = False,  # wait for each block's ready counter (gemm1 READY) instead of the whole of gemm1
-    PREFETCH: tl.constexpr = False,  # READY: ask the L2 for the program's weights before waiting
-    BACKOFF: tl.constexpr = 0,  # READY: ns asleep between reads of the counter (await_block)
 ):
     """Grid (block programs, N tiles or tile groups, K splits); with BLOCK_LOOP block programs walk the
     used routing blocks as in gemm1. Without MULTI_TILE, program (block, n) computes N tile n. With it, for short K
@@ -784,7 +780,7 @@ def nvfp4_moe_gemm2_kernel(
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, ready_ptr, y_ptr, num_pairs,
                 hidden_size, inter_size, k_per_split, ready_tiles, stride_ht, stride_we, stride_wn, stride_se,
                 stride_sn, stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
-                BLOCKS_LAST, HALVES, ONE_K_STEP, READY, PREFETCH, BACKOFF,
+                BLOCKS_LAST, HALVES, ONE_K_STEP, READY,
             )  # fmt: skip
     else:  # a program per possible block: the unused ones (expert -1) have nothing to do
         expert = tl.load(block_expert_ptr + _pid(0, BLOCKS_LAST))
@@ -794,27 +790,10 @@ def nvfp4_moe_gemm2_kernel(
                 h_ptr, w_ptr, ws_ptr, wgs_ptr, topk_weights_ptr, sorted_ids_ptr, ready_ptr, y_ptr, num_pairs,
                 hidden_size, inter_size, k_per_split, ready_tiles, stride_ht, stride_we, stride_wn, stride_se,
                 stride_sn, stride_yt, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, MULTI_TILE, SPLITS, LAYOUT, INTERPRETER, PDL,
-                BLOCKS_LAST, HALVES, ONE_K_STEP, READY, PREFETCH, BACKOFF,
+                BLOCKS_LAST, HALVES, ONE_K_STEP, READY,
             )  # fmt: skip
     if READY:
         after_previous_launch(PDL)
-
-
-@triton.jit
-def _prefetch_rows(w_ptr, ws_ptr, expert, pid_n, k_begin, k_end, size, stride_we, stride_wn, stride_se, stride_sn,
-                   BLOCK_N: tl.constexpr):  # fmt: skip
-    """Ask the L2 for the packed words and scales of N tile pid_n's rows over K [k_begin, k_end): one
-    ``prefetch.global.L2`` a 128-byte line (64 words, 128 scale codes), nothing waits for them."""
-    offs_n, n_ok, offs_n_safe = tile_columns(pid_n, size, BLOCK_N)
-    w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
-    LINES: tl.constexpr = 8  # lines a row, up to a K range of 2048 (GLM-5 EP8's gemm2 split in two or more)
-    words = tl.minimum(k_begin // 4 + tl.arange(0, LINES) * 64, k_end // 4 - 1)  # past the range: its last line again
-    w_lines = w_rows[:, None] + words[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_lines], dtype=tl.int32,
-                              is_pure=False, pack=1)  # fmt: skip
-    s_first = s_rows + k_begin // 16
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [s_first], dtype=tl.int32,
-                              is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -826,7 +805,7 @@ def _gemm2_block(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MULTI_TILE: tl.constexpr, SPLITS: tl.constexpr, LAYOUT: tl.constexpr, INTERPRETER: tl.constexpr,
     PDL: tl.constexpr, BLOCKS_LAST: tl.constexpr, HALVES: tl.constexpr, ONE_K_STEP: tl.constexpr,
-    READY: tl.constexpr, PREFETCH: tl.constexpr, BACKOFF: tl.constexpr,
+    READY: tl.constexpr,
 ):  # fmt: skip
     """gemm2 for routing block pid_m, N tile (group) program_id(1), K split program_id(2)."""
     pid_n = _pid(1, BLOCKS_LAST)
@@ -838,10 +817,7 @@ def _gemm2_block(
     h_rows = h_ptr + pair_safe * stride_ht
     # DECODE_UNSCALE = 2^7
     scale = tl.load(wgs_ptr + expert) * 128.0 * tl.load(topk_weights_ptr + pair_safe, mask=row_ok, other=0.0)
-    if PREFETCH and not MULTI_TILE:
-        _prefetch_rows(w_ptr, ws_ptr, expert, pid_n, k_begin, k_end, hidden_size, stride_we, stride_wn, stride_se,
-                       stride_sn, BLOCK_N)  # fmt: skip
-    await_block(ready_ptr, pid_m, ready_tiles, READY, BACKOFF)
+    await_block(ready_ptr, pid_m, ready_tiles, READY)
     # The K loop runs at least once (see gemm1): no zero-trip path, no serialized wgmma.
     tl.assume(k_end > k_begin)
     if HALVES:

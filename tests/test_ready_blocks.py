@@ -1,11 +1,11 @@
 """Per-block ready counters: gemm2's programs wait for their routing block's h alone, not for the whole of gemm1.
 
-Below one token per expert, with programmatic dependent launch, gemm1 counts each routing block's stored N tiles of h
-(release) and lets gemm2 launch once every gemm1 program has started; a gemm2 program reads its block and waits until
-the block's counter reaches gemm1's N tiles (acquire) (``w4a16.awaits_blocks``). A wrong count would leave gemm2
-waiting forever or reading h early, so the counts are checked exactly, and the outputs against the plain launches bit
-for bit. The interpreter runs the same kernels in order (gemm1 done before gemm2 starts); the GPU tests run them
-overlapped.
+Below one token per expert, with programmatic dependent launch, where gemm2 walks several N tiles a program, gemm1
+counts each routing block's stored N tiles of h (release) and lets gemm2 launch once every gemm1 program has started;
+a gemm2 program reads its block and waits until the block's counter reaches gemm1's N tiles (acquire)
+(``w4a16.awaits_blocks``). A wrong count would leave gemm2 waiting forever or reading h early, so the counts are
+checked exactly, and the outputs against the plain launches bit for bit. The interpreter runs the same kernels in
+order (gemm1 done before gemm2 starts); the GPU tests run them overlapped.
 """
 
 from __future__ import annotations
@@ -83,19 +83,26 @@ def test_gemm2_waiting_for_its_block_gives_the_plain_bits(per_program, splits, g
     assert torch.equal(gemm2(ready=ready, ready_tiles=-(-INTER // TILE.block_n)), gemm2())
 
 
-def test_awaits_blocks_only_below_one_token_per_expert_on_one_routing():
-    cfg = w4a16.heuristic_config(1 / 8)
-    plan = w4a16.plan_gemms(cfg, 8, 32, 256, 6144, 2048, 132)
-    assert w4a16.awaits_blocks(cfg, plan, 8, 256, dependent=True), "GLM-5 EP8 B = 1"
-    assert not w4a16.awaits_blocks(cfg, plan, 8, 256, dependent=False), "gemm2 not a dependent launch: no overlap"
-    assert not w4a16.awaits_blocks(cfg, plan, 256, 256, dependent=True), "one token per expert: every expert busy"
+def test_awaits_blocks_only_below_one_token_per_expert_with_several_gemm2_tiles_a_program():
+    cfg = w4a16.heuristic_config(1 / 16)
+
+    def plan(cfg, pairs, experts, inter):  # GLM-5 on an H200's 132 SMs
+        return w4a16.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
+
+    tp8 = plan(cfg, 16, 256, 256)
+    assert tp8.per_program > 1 and w4a16.awaits_blocks(cfg, tp8, 16, 256, dependent=True), "GLM-5 TP8 B = 2"
+    assert not w4a16.awaits_blocks(cfg, tp8, 16, 256, dependent=False), "gemm2 not a dependent launch: no overlap"
+    ep8 = plan(cfg, 16, 32, 2048)
+    assert ep8.per_program == 1 and not w4a16.awaits_blocks(cfg, ep8, 16, 256, True), "EP8: a tile a program"
+    busy = plan(cfg, 256, 256, 256)
+    assert not w4a16.awaits_blocks(cfg, busy, 256, 256, dependent=True), "one token per expert: every expert busy"
     other = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, block_m=32))
-    assert not w4a16.awaits_blocks(other, w4a16.plan_gemms(other, 8, 32, 256, 6144, 2048, 132), 8, 256, True), (
+    assert not w4a16.awaits_blocks(other, plan(other, 16, 256, 256), 16, 256, True), (
         "gemm2 on its own routing: its blocks are not gemm1's"
     )
     stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
-    plan = w4a16.plan_gemms(stream, 8, 32, 256, 6144, 2048, 132)
-    assert plan.gemm1.stream and not w4a16.awaits_blocks(stream, plan, 8, 256, True), "stream-K cuts tiles"
+    streamed = plan(stream, 16, 256, 256)
+    assert streamed.gemm1.stream and not w4a16.awaits_blocks(stream, streamed, 16, 256, True), "stream-K cuts tiles"
 
 
 def test_bad_ready_arguments_are_refused(gen, device):
@@ -116,20 +123,21 @@ def test_bad_ready_arguments_are_refused(gen, device):
     y = torch.empty(ids.numel(), HIDDEN, dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match="ready_tiles"):
         w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1), route, y, TILE, routing.interpreting(), ready=ready)
-    with pytest.raises(ValueError, match="prefetch"):
-        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1), route, y, TILE, routing.interpreting(), prefetch=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="overlapped launches need a GPU")
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(prefetch, gen, device, monkeypatch):
+def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(gen, device, monkeypatch):
     # gemm2 launched while gemm1 runs, each program waiting for its block, eagerly and replayed from a CUDA graph
     # with other routings (one expert, then all), against gemm2 waiting for the whole of gemm1.
     if device.type != "cuda" or not routing.uses_pdl(device):
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not an sm_90+ GPU")
-    layer = Nvfp4MoeWeights.build(*(t.cuda() for t in random_layer(EXPERTS, 1024, 512, gen).args())).for_device()
+    inter = 256  # one K step of gemm2: several N tiles a program (MULTI_TILE_PROGRAMS_PER_SM lowered to keep them)
+    monkeypatch.setattr(w4a16, "MULTI_TILE_PROGRAMS_PER_SM", 0)
+    layer = Nvfp4MoeWeights.build(*(t.cuda() for t in random_layer(EXPERTS, 1024, inter, gen).args())).for_device()
     kw = {"check_ids": False, "num_global_experts": 64}
-    monkeypatch.setattr(w4a16, "GEMM2_PREFETCH", prefetch)
+    cfg = w4a16.heuristic_config(24 / 64)
+    plan = w4a16.plan_gemms(cfg, 24, EXPERTS, 64, 1024, inter, w4a16.sm_count(device.index or 0))
+    assert w4a16.awaits_blocks(cfg, plan, 24, 64, dependent=True), "this call takes the ready counters"
     x = torch.randn(6, 1024, generator=gen).bfloat16().cuda()
     weights, _ = random_routing(6, EXPERTS, TOP_K, gen)
     weights = weights.cuda()

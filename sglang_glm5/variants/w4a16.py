@@ -191,7 +191,7 @@ FORMS = {
         {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
         {"MULTI_TILE": True, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
         {"MULTI_TILE": True, "ONE_K_STEP": True, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},  # I <= block_k
-        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "READY": True, "PREFETCH": True, "BACKOFF": 256},
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "READY": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True, "READY": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # only where ``halves`` allows it
     ),
@@ -210,8 +210,6 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     if kernel == "gemm2":
         consts["HALVES"] = False  # the same shared memory as one tile (a form may set it)
         consts["ONE_K_STEP"] = False  # several tiles on activations loaded once (a form sets it)
-        consts["PREFETCH"] = False  # L2 prefetches before the ready wait: no shared memory
-        consts["BACKOFF"] = 0  # a nanosleep in the ready wait (a form may set it)
     else:
         consts["STREAM"] = False  # the stream-K schedule (a form sets it)
     consts.update(form or FORMS[kernel][0])
@@ -329,12 +327,12 @@ STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # (bench/README.md, run 20).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
-# Below this many tokens per expert (with PDL), gemm2's programs wait for their routing block's h alone, counted by
-# gemm1 in per-block ready counters, not for the whole of gemm1 (``awaits_blocks``); with GEMM2_PREFETCH they ask the
-# L2 for their weights before waiting.
+# Below this many tokens per expert (with PDL), where gemm2 walks several N tiles a program, gemm2's programs wait
+# for their routing block's h alone, counted by gemm1 in per-block ready counters, not for the whole of gemm1
+# (``awaits_blocks``). H200, GLM-5 at real routing, two seeds (bench/README.md, run 40): TP8 B = 2-16 (2-8 tiles a
+# program) 0.964-0.994x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
+# there. Asking the L2 for gemm2's weights before the wait, or napping between reads, did not help.
 AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
-GEMM2_PREFETCH = False
-READY_BACKOFF_NS = 0  # a waiting gemm2 program sleeps this long between reads of its block's counter
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -448,11 +446,13 @@ def plan_gemms(
 def awaits_blocks(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
     """Whether gemm2's programs wait for their routing block's h alone (per-block ready counters that gemm1 fills)
     rather than for the whole of gemm1: below ``AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT``, where gemm2 is a ``dependent``
-    launch (PDL; or the interpreter, which runs the same kernels in order), both GEMMs on one routing (the same
-    block_m) and gemm1 on a planned grid (not stream-K)."""
+    launch (PDL; or the interpreter, which runs the same kernels in order) walking several N tiles a program (a few
+    programs a block, each with a long chain to start), both GEMMs on one routing (the same block_m) and gemm1 on a
+    planned grid (not stream-K)."""
     return (
         dependent
         and num_pairs < AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT * num_global_experts
+        and plan.per_program > 1
         and cfg.gemm1.block_m == cfg.gemm2.block_m
         and not plan.gemm1.stream
     )
@@ -675,14 +675,14 @@ def halves(cfg: GemmConfig, per_program: int) -> bool:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    ready: torch.Tensor | None = None, ready_tiles: int = 0, prefetch: bool = False,
+    ready: torch.Tensor | None = None, ready_tiles: int = 0,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
     ``launch_gemm1``. ``ready``: the counters gemm1 filled on the same routing (``launch_gemm1``): a program waits
     until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1 (with ``pdl``,
-    while gemm1 still runs); ``prefetch``: it asks the L2 for its weights before waiting. A config marked ``gluon``
+    while gemm1 still runs). A config marked ``gluon``
     runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles
     per program), else this one."""
     hidden = y.shape[-1]
@@ -709,8 +709,6 @@ def launch_gemm2(
     _check_ready(ready, route)
     if ready is not None and ready_tiles < 1:
         raise ValueError(f"ready_tiles: expected gemm1's N tiles a block (>= 1), got {ready_tiles}")
-    if prefetch and (ready is None or interpret):
-        raise ValueError("prefetch: the L2 prefetch runs before a ready wait, on a GPU")
     if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg, h.dtype):
         if ready is not None:
             raise ValueError(f"ready: the Gluon gemm2 ({cfg.label}) waits for the whole of gemm1")
@@ -756,8 +754,6 @@ def launch_gemm2(
         PDL=pdl,
         BLOCKS_LAST=launch.blocks_last,
         READY=ready is not None,
-        PREFETCH=prefetch,
-        BACKOFF=READY_BACKOFF_NS if ready is not None and not interpret else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
@@ -807,8 +803,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
                  route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
                  layout=weights.layout, pdl=pdl.get("gemm2", False), ready=ready,
-                 ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n),
-                 prefetch=awaits and GEMM2_PREFETCH and not interpret)  # fmt: skip
+                 ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     return out
 
