@@ -10,7 +10,9 @@ share one expert; ``sorted_ids`` holds pair ids, ``num_pairs`` marks padding):
 
 At decode few experts are active, so both GEMMs may split K over a grid axis (SPLITS): gemm1's last
 program of a tile adds the fp32 partials in split order and applies SiLU * up; gemm2's fp32
-partials [SPLITS, P, H] are added by the reduce, slots then splits (``docs/decode.md``).
+partials [SPLITS, P, H] are added by the reduce, slots then splits (``docs/decode.md``). Where gemm2 walks several
+N tiles a program, gemm1 counts each block's stored tiles of h (READY) and gemm2's programs wait for their block's
+count rather than for the whole of gemm1 (``mark_block_ready``, ``await_block``).
 
 Activations, h and the decoded weights share one 16-bit type, that of the hidden states (bf16 or
 fp16): the tensor cores multiply it and accumulate in fp32.
