@@ -45,9 +45,11 @@ def _gemm1(layer, x, ids, splits: int, ready: bool, device):
     route = routing.route_pairs(ids, EXPERTS, TILE.block_m, zero=counters)
     launch = w4a16.Launch(bound, *w4a16.k_splits(HIDDEN, TILE.block_k, splits))
     h = torch.full((ids.numel(), INTER), float("nan"), dtype=torch.bfloat16, device=device)
-    w4a16.launch_gemm1(routing.prepare_activations(x), w13, s13, g13, route, h, TILE, TOP_K, 0, INTER,
-                       routing.interpreting(), launch=launch, counters=counters[: bound * tiles],
-                       ready=counters[bound * tiles :] if ready else None)  # fmt: skip
+    part = w4a16.launch_gemm1(routing.prepare_activations(x), w13, s13, g13, route, h, TILE, TOP_K, 0, INTER,
+                              routing.interpreting(), launch=launch, counters=counters[: bound * tiles],
+                              ready=counters[bound * tiles :] if ready else None)  # fmt: skip
+    # the split partials come back for the op to keep alive while gemm2 may run beside gemm1
+    assert (part is not None and part.dtype == torch.float32) if launch.splits > 1 else part is None
     return h, route, counters[bound * tiles :]
 
 

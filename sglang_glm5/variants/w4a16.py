@@ -571,7 +571,9 @@ def launch_gemm1(
     (``routing.uses_pdl``). ``ready``: int32 [num_blocks], zeroed: each block's stored N tiles are counted there, for
     a gemm2 launched with the same tensor (``launch_gemm2``; not with a stream-K schedule). A config marked ``gluon``
     runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits), else
-    this one."""
+    this one. Returns the fp32 scratch the launch writes (split or stream-K partials), or None: a caller whose next
+    launch may run beside this one (``ready``) keeps it alive until then, so that the allocator does not hand its
+    memory to that launch while this one still uses it."""
     num_pairs, inter = h.shape
     check_config(cfg, "gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
@@ -580,10 +582,9 @@ def launch_gemm1(
     if ready is not None and launch.stream:
         raise ValueError("ready: per-block ready counters need a planned grid, got a stream-K schedule")
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
-        w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
-                           k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
-                           ready=ready)  # fmt: skip
-        return
+        return w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
+                                  k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
+                                  ready=ready)  # fmt: skip
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
@@ -643,6 +644,7 @@ def launch_gemm1(
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
+    return part
 
 
 def _check_ready(ready: torch.Tensor | None, route: Route) -> None:
@@ -793,9 +795,11 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     gate_row0, up_row0 = weights.gate_up_rows
-    launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k, gate_row0,
-                 up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                 pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
+    # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must not
+    # get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
+    part1 = launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k,
+                         gate_row0, up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
+                         pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
@@ -805,6 +809,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                  layout=weights.layout, pdl=pdl.get("gemm2", False), ready=ready,
                  ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
+    del part1
     return out
 
 

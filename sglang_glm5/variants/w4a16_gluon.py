@@ -136,10 +136,10 @@ def launch(
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split; ``ready``: the
-    per-block ready counters (``w4a16.launch_gemm1``). ``tile``: a
-    config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in flight;
-    ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing blocks
-    of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
+    per-block ready counters (``w4a16.launch_gemm1``, which returns what this returns: the split partials, or None).
+    ``tile``: a config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in
+    flight; ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing
+    blocks of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
@@ -167,6 +167,7 @@ def launch(
         BLOCKS_LAST=blocks_last, READY=ready is not None, num_warps=tile.num_warps, launch_pdl=pdl,
         **_register_cap("gemm1", tile),
     )  # fmt: skip
+    return part if splits > 1 else None
 
 
 def launch_gemm2(
