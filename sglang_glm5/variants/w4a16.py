@@ -330,7 +330,7 @@ PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens
 # Below this many tokens per expert (with PDL), where gemm2 walks several N tiles a program, gemm2's programs wait
 # for their routing block's h alone, counted by gemm1 in per-block ready counters, not for the whole of gemm1
 # (``awaits_blocks``). H200, GLM-5 at real routing, two seeds (bench/README.md, run 40): TP8 B = 2-16 (2-8 tiles a
-# program) 0.964-0.994x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
+# program) 0.952-0.995x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
 # there. Asking the L2 for gemm2's weights before the wait, or napping between reads, did not help.
 AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
