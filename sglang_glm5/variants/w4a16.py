@@ -684,9 +684,8 @@ def launch_gemm2(
     None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
     ``launch_gemm1``. ``ready``: the counters gemm1 filled on the same routing (``launch_gemm1``): a program waits
     until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1 (with ``pdl``,
-    while gemm1 still runs). A config marked ``gluon``
-    runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles
-    per program), else this one."""
+    while gemm1 still runs). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
+    per possible block, the launch's splits and N tiles per program), else this one."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
