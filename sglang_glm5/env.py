@@ -126,7 +126,9 @@ PDL = Switch(
     "SGLANG_GLM5_PDL", "bool", True,
     "below one token per expert the W4A16 op's launches (routing, gemm1, gemm2, top-k sum) use programmatic "
     "dependent launch on sm_90+: "
-    "each starts while the one before it runs and waits for it on the GPU; off = plain stream order",
+    "each starts while the one before it runs and waits for it on the GPU (where gemm2 walks several N tiles a "
+    "program, each gemm2 program waits for its routing block's part of gemm1 first, for the rest at its end); "
+    "off = plain stream order",
     parse_bool,
 )  # fmt: skip
 GLUON_GEMM1 = Switch(
