@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from decode_cases import OP_KWARGS, generator, kernel_us
+from line_model import fit, line_us
 
 from sglang_glm5 import bench_real
 from sglang_glm5.moe import fused_moe
@@ -50,12 +51,12 @@ def forced_routing(layout: bench_real.Layout, tokens: int, experts: int, gen: to
     k = bench_real.TOP_K
     chosen = torch.randperm(layout.num_experts, generator=gen, device=gen.device)[:experts].to(torch.int32)
     ids = torch.full((tokens, k), -1, dtype=torch.int32, device=gen.device)
+    token = torch.arange(tokens, device=gen.device)
     if layout.name == "ep8":  # one local slot a token, in a random position; token t's pair to expert t mod n
         slot = torch.randint(0, k, (tokens,), generator=gen, device=gen.device)
-        ids[torch.arange(tokens, device=gen.device), slot] = chosen[torch.arange(tokens, device=gen.device) % experts]
+        ids[token, slot] = chosen[token % experts]
     else:  # eight distinct experts a token: token t takes group t mod (n / 8) of the chosen experts
-        groups = chosen.view(experts // k, k)
-        ids = groups[torch.arange(tokens, device=gen.device) % (experts // k)].contiguous()
+        ids = chosen.view(experts // k, k)[token % (experts // k)].contiguous()
     w = torch.rand(tokens, k, generator=gen, device=gen.device) + 0.1
     return (w / w.sum(-1, keepdim=True) * bench_real.ROUTED_SCALING).float(), ids
 
@@ -67,16 +68,6 @@ def real_touched(layout: bench_real.Layout, batch: int, gen: torch.Generator, sa
         _, ids = bench_real.real_routing(batch, layout, gen)
         total += int(torch.unique(ids[ids >= 0]).numel())
     return total / samples
-
-
-def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (a, b) of y = a + b x; b = 0 from a single point."""
-    xs, ys = zip(*points, strict=True)
-    if len(set(xs)) < 2:
-        return sum(ys) / len(ys), 0.0
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
 
 
 if __name__ == "__main__":
@@ -118,7 +109,7 @@ if __name__ == "__main__":
             fits = {k: fit(p) for k, p in points.items()}
             a, b = fits["op"]
             floor = touched * per_expert_us
-            line = max(20.0, floor / 0.6)
+            line = line_us(floor)
             row = {"layout": name, "tokens": tokens, "fits": fits, "real_touched": touched, "real_floor_us": floor,
                    "line_us": line, "model_us": a + b * touched}  # fmt: skip
             report["fits"].append(row)

@@ -14,13 +14,21 @@ Usage: python bench/exp/line_model.py RUN.json [VARIANT] [RATE]
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 BOUNDS = (4, 16)
 
 
+def line_us(floor_us: float) -> float:
+    """Issue 15's line at B = 1-16 for a step of this touched-experts floor: the larger of 20 us and floor / 0.6."""
+    return max(20.0, floor_us / 0.6)
+
+
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (a, b) of y = a + b x."""
+    """Least-squares (a, b) of y = a + b x; b = 0 where every x is the same."""
     xs, ys = zip(*points, strict=True)
+    if len(set(xs)) < 2:
+        return sum(ys) / len(ys), 0.0
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
     return my - b * mx, b
@@ -30,7 +38,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    rows = json.loads(open(argv[0]).read())
+    rows = json.loads(Path(argv[0]).read_text())
     variant = argv[1] if len(argv) > 1 else next(iter(rows[0]["ms"]))
     rate = float(argv[2]) if len(argv) > 2 else 0.80
     by_layout = defaultdict(list)
@@ -51,7 +59,7 @@ def main(argv: list[str]) -> int:
                                for ka, kb in [fit([(f, ks[k]) for _, f, _, ks in sel])])  # fmt: skip
             print(f"{layout} B <= {bound:2d}: op {a:.1f} + {b:.2f} * floor (an added byte at {1 / b:.0%}) | {kernels}")
         for batch, floor, t, _ in cases:
-            line = max(20.0, floor / 0.6)
+            line = line_us(floor)
             print(f"  {layout} B = {batch:2d}: floor {floor:5.1f}, op {t:5.1f}, line {line:5.1f} us; at {rate:.0%} for "
                   f"every added byte the line leaves {line - floor / rate:5.1f} us for the fixed part")  # fmt: skip
     return 0
