@@ -6,8 +6,9 @@ launch, gemm2's programs start without waiting for the whole of gemm1. Times the
 CUDA graphs, with per-kernel device times and the largest relative difference to the four launches (other K splits:
 not the same bits). First prints the kernel's registers and shared memory at GLM-5 EP8 (whether the planned programs
 fit on the GPU at once).
-Measured (run 41, bench/README.md): slower than the four launches at every B = 1-4 of both layouts, 1.20-1.31x (EP8)
-and 1.41-1.94x (TP8); the path was removed after it. Runs at the commit that added it (w4a16_decode, off by default).
+Measured (run 41, bench/README.md): slower than the four launches at every B = 1-4 of both layouts, 1.20-1.23x (EP8)
+and 1.41-1.52x (TP8) in its best form; the path was removed after it. Runs at commit 8536fd3, which has the path
+(``variants.w4a16_decode``, off by default).
 Usage: python bench/exp/one_launch.py OUT_DIR   (EXP_BATCHES, default 1,2,3,4; BENCH_SEED)
 """
 

@@ -33,7 +33,7 @@ from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig, compile_for_target, k_splits_cover
-from sglang_glm5.variants import Bucket, KernelVariant, w4a16_decode, w4a16_gluon
+from sglang_glm5.variants import Bucket, KernelVariant, w4a16_gluon
 
 KERNELS = ("gemm1", "gemm2")
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
@@ -771,11 +771,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     num_global = num_global_experts or num_experts
     device = hidden_states.device
     interpret = interpreting()
-    sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
-    if config is None and w4a16_decode.applies(num_pairs, top_k, hidden, inter, hidden_states.dtype):
-        return w4a16_decode.run(hidden_states, weights, topk_weights, topk_ids, out=out, num_global_experts=num_global,
-                                sms=sms)  # fmt: skip
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
+    sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
 
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
