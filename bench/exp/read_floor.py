@@ -1,0 +1,121 @@
+"""Experiment: what reading a decode step's weights takes on this GPU, with no decode and no math.
+
+The issue's lines at GLM-5 B = 1-4 (0.020 ms at B = 1-2) are set against the touched-experts floor: the experts' NVFP4
+bytes at the device copy bandwidth. A step also pays launches and the latency of its first reads. This times plain
+reads of exactly the bytes a step touches (n experts' w13 and w2 with their block scales, GLM-5 EP8 shapes), in the
+launch shapes the op could take, from CUDA graphs over 16 steps on two copies of the layer (each step other experts,
+as bench_real's routings), beside the same bytes' floor:
+
+- ``one launch``: one grid of programs over all n experts' w13 then w2 bytes (SCHEDULES: programs a SM and loads
+  in flight a thread, each tried);
+- ``two launches``: w13's bytes, then w2's in a second launch (the two GEMMs' launches);
+- ``four launches``: two small launches around those (a routing-sized and a sum-sized one, each one program
+  reading a few bytes): the op's launch count.
+
+Each program reads its share in 16-byte vectors, four loads in flight a step, and stores one int32 (the sum of what it
+read), so that nothing is optimized away. The gap between these times and the op's (run 41: one expert at T = 1 22.5
+us, EP8) is what decoding, the dots, the split sums and the chains between them cost; what these take beyond the
+floor is what no kernel can remove with that many launches.
+Run 41 (bench/README.md), best schedule (16 programs a SM, 8 loads in flight): two experts' bytes (10.1 us at the copy
+bandwidth) take 13.5 us in one launch, 17.7 in two and 21.1 in four (no PDL), over B = 2's line of 20 us.
+Usage: python bench/exp/read_floor.py OUT_DIR   (BENCH_SEED, default 43; EXP_EXPERTS, default 1,2,3,4)
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from decode_cases import generator
+
+from sglang_glm5 import bench_real
+
+EXPERTS = tuple(int(n) for n in os.environ.get("EXP_EXPERTS", "1,2,3,4").split(","))
+# (programs a SM, 16-byte loads in flight a thread): the read's own schedule, tried in turn; the best is its floor
+SCHEDULES = ((2, 4), (4, 8), (8, 8), (8, 16), (16, 8))
+VEC = 4  # int32 lanes a 16-byte load
+
+
+@triton.jit
+def read_kernel(base_ptr, starts_ptr, num_regions, region_offset, region_size, out_ptr, BLOCK: tl.constexpr,
+                UNROLL: tl.constexpr):  # fmt: skip
+    """Program p reads its share of int32 elements [start + region_offset, start + region_offset + region_size) of
+    ``base_ptr`` for each of ``num_regions`` starts (int64, multiples of 4: 16-byte vectors), split evenly over the
+    programs, and stores the sum of what it read."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    per = tl.cdiv(tl.cdiv(region_size, programs), BLOCK * UNROLL) * (BLOCK * UNROLL)
+    for c in range(0, num_regions):
+        start = tl.load(starts_ptr + c) + region_offset
+        begin = start + pid * per
+        end = tl.multiple_of(start + tl.minimum(pid * per + per, region_size), 4)
+        for off in range(begin, end, BLOCK * UNROLL):
+            for u in tl.static_range(UNROLL):
+                offs = tl.multiple_of(off + u * BLOCK, 4) + tl.arange(0, BLOCK)
+                acc += tl.load(base_ptr + offs, mask=offs < end, other=0, cache_modifier=".cg")
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+
+def _launch(base: torch.Tensor, starts: torch.Tensor, offset: int, size: int, programs: int, out, unroll: int) -> None:
+    read_kernel[(programs,)](base, starts, starts.numel(), offset, size, out, BLOCK=128 * VEC, UNROLL=unroll,
+                             num_warps=4)  # fmt: skip
+
+
+def _layer(layout: bench_real.Layout, gen: torch.Generator) -> tuple[torch.Tensor, int, int]:
+    """A layer as one int32 tensor of random bytes, expert by expert [w13 | w13 scales | w2 | w2 scales] (the NVFP4
+    shapes' bytes), with the int32 elements of an expert's gemm1 part and of its gemm2 part."""
+    e, h, i = layout.num_experts, layout.hidden, layout.inter
+    gemm1 = 2 * i * (h // 8 + h // 64)  # h/2 code bytes and h/16 scale bytes a row, as int32
+    gemm2 = h * (i // 8 + i // 64)
+    data = torch.randint(-(2**31), 2**31 - 1, (e * (gemm1 + gemm2),), generator=gen, device="cuda", dtype=torch.int32)
+    return data, gemm1, gemm2
+
+
+if __name__ == "__main__":
+    out_dir = Path(sys.argv[1])
+    gen = generator(43)
+    layout = bench_real.LAYOUTS["ep8"]
+    bw = bench_real.copy_bandwidth()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copies = [_layer(layout, gen) for _ in range(2)]
+    _, n13, n2 = copies[0]
+    sink = torch.empty(max(p for p, _ in SCHEDULES) * sms, dtype=torch.int32, device="cuda")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    for n in EXPERTS:
+        steps = []  # (layer copy, starts of the step's experts)
+        for step in range(bench_real.ROUTINGS):
+            chosen = torch.randperm(layout.num_experts, generator=gen, device="cuda")[:n].to(torch.int64)
+            steps.append((copies[step % 2][0], chosen * (n13 + n2)))
+        first = steps[0][1][:1]
+        floor = n * (n13 + n2) * 4 / bw * 1e6
+        for per_sm, unroll in SCHEDULES:
+            programs = per_sm * sms
+
+            def one(steps=steps, programs=programs, unroll=unroll):
+                for data, starts in steps:
+                    _launch(data, starts, 0, n13 + n2, programs, sink, unroll)
+
+            def two(steps=steps, programs=programs, unroll=unroll):
+                for data, starts in steps:
+                    _launch(data, starts, 0, n13, programs, sink, unroll)
+                    _launch(data, starts, n13, n2, programs, sink, unroll)
+
+            def four(steps=steps, first=first, programs=programs, unroll=unroll):
+                for data, starts in steps:
+                    _launch(data, first, 0, 64, 1, sink, 1)  # a routing-sized launch: one program, 256 bytes
+                    _launch(data, starts, 0, n13, programs, sink, unroll)
+                    _launch(data, starts, n13, n2, programs, sink, unroll)
+                    _launch(data, first, 0, 64, 1, sink, 1)  # a sum-sized one
+
+            times = {name: bench_real._time(fn, True, len(steps)) * 1e3 for name, fn in
+                     (("one launch", one), ("two launches", two), ("four launches", four))}  # fmt: skip
+            rows.append({"experts": n, "programs_per_sm": per_sm, "loads_in_flight": unroll,
+                         "bytes": n * (n13 + n2) * 4, "floor_us": floor, "us": times})  # fmt: skip
+            cells = " | ".join(f"{k} {v:6.2f} us (floor / it {floor / v:.0%})" for k, v in times.items())
+            print(f"ep8 n={n} {per_sm} a SM, {unroll} in flight: floor {floor:6.2f} us | {cells}", flush=True)
+    (out_dir / "read_floor.json").write_text(json.dumps({"copy_bandwidth": bw, "rows": rows}, indent=1) + "\n")
