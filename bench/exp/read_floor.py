@@ -12,13 +12,13 @@ as bench_real's routings), beside the same bytes' floor:
 - ``four launches``: two small launches around those (a routing-sized and a sum-sized one, each one program
   reading a few bytes): the op's launch count.
 
-Each program reads its share in 16-byte vectors, four loads in flight a step, and stores one int32 (the sum of what it
-read), so that nothing is optimized away. The gap between these times and the op's (run 41: one expert at T = 1 22.5
-us, EP8) is what decoding, the dots, the split sums and the chains between them cost; what these take beyond the
-floor is what no kernel can remove with that many launches.
-Run 41 (bench/README.md), best schedule (16 programs a SM, 8 loads in flight): two experts' bytes (10.1 us at the copy
-bandwidth) take 13.5 us in one launch, 17.7 in two and 21.1 in four (no PDL), over B = 2's line of 20 us.
-Usage: python bench/exp/read_floor.py OUT_DIR   (BENCH_SEED, default 43; EXP_EXPERTS, default 1,2,3,4)
+The programs read chunks of every region in turn (chunk u of all the regions' chunks by program u mod programs), in
+16-byte vectors with all of a chunk's loads in flight, and each stores one int32 (the sum of what it read), so that
+nothing is optimized away. The gap between these times and the op's (run 41: one expert at T = 1 22.5 us, EP8) is
+what decoding, the dots, the split sums and the chains between them cost; what these take beyond the floor is what no
+kernel can remove with that many launches.
+Results: bench/README.md, run 41.
+Usage: python bench/exp/read_floor.py OUT_DIR   (BENCH_SEED, default 43; EXP_EXPERTS, default 1,2,3,4,8,16,32)
 """
 
 import json
@@ -33,30 +33,30 @@ from decode_cases import generator
 
 from sglang_glm5 import bench_real
 
-EXPERTS = tuple(int(n) for n in os.environ.get("EXP_EXPERTS", "1,2,3,4").split(","))
+EXPERTS = tuple(int(n) for n in os.environ.get("EXP_EXPERTS", "1,2,3,4,8,16,32").split(","))
 # (programs a SM, 16-byte loads in flight a thread): the read's own schedule, tried in turn; the best is its floor
-SCHEDULES = ((2, 4), (4, 8), (8, 8), (8, 16), (16, 8))
+SCHEDULES = ((4, 8), (8, 8), (16, 8), (8, 16), (16, 4))
 VEC = 4  # int32 lanes a 16-byte load
 
 
 @triton.jit
 def read_kernel(base_ptr, starts_ptr, num_regions, region_offset, region_size, out_ptr, BLOCK: tl.constexpr,
                 UNROLL: tl.constexpr):  # fmt: skip
-    """Program p reads its share of int32 elements [start + region_offset, start + region_offset + region_size) of
-    ``base_ptr`` for each of ``num_regions`` starts (int64, multiples of 4: 16-byte vectors), split evenly over the
-    programs, and stores the sum of what it read."""
+    """Reads int32 elements [start + region_offset, start + region_offset + region_size) of ``base_ptr`` for each of
+    ``num_regions`` starts (int64, multiples of 4: 16-byte vectors) in chunks of BLOCK * UNROLL, chunk u of all the
+    regions' chunks (region-major) by program u mod programs, and stores each program's sum of what it read."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    per = tl.cdiv(tl.cdiv(region_size, programs), BLOCK * UNROLL) * (BLOCK * UNROLL)
-    for c in range(0, num_regions):
-        start = tl.load(starts_ptr + c) + region_offset
-        begin = start + pid * per
-        end = tl.multiple_of(start + tl.minimum(pid * per + per, region_size), 4)
-        for off in range(begin, end, BLOCK * UNROLL):
-            for u in tl.static_range(UNROLL):
-                offs = tl.multiple_of(off + u * BLOCK, 4) + tl.arange(0, BLOCK)
-                acc += tl.load(base_ptr + offs, mask=offs < end, other=0, cache_modifier=".cg")
+    CHUNK: tl.constexpr = BLOCK * UNROLL
+    chunks = tl.cdiv(region_size, CHUNK)
+    for u in range(pid, num_regions * chunks, programs):
+        start = tl.load(starts_ptr + u // chunks) + region_offset
+        begin = start + (u % chunks) * CHUNK
+        end = tl.multiple_of(start + tl.minimum((u % chunks + 1) * CHUNK, region_size), 4)
+        for k in tl.static_range(UNROLL):
+            offs = tl.multiple_of(begin + k * BLOCK, 4) + tl.arange(0, BLOCK)
+            acc += tl.load(base_ptr + offs, mask=offs < end, other=0, cache_modifier=".cg")
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
