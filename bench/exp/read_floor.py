@@ -10,7 +10,8 @@ as bench_real's routings), beside the same bytes' floor:
   in flight a thread, each tried);
 - ``two launches``: w13's bytes, then w2's in a second launch (the two GEMMs' launches);
 - ``four launches``: two small launches around those (a routing-sized and a sum-sized one, each one program
-  reading a few bytes): the op's launch count.
+  reading a few bytes): the op's launch count; ``four launches, PDL`` the same with programmatic dependent launch, as
+  the op launches at decode (each kernel waits for the one before it, then lets the next start).
 
 The programs read chunks of every region in turn (chunk u of all the regions' chunks by program u mod programs), in
 16-byte vectors with all of a chunk's loads in flight, and each stores one int32 (the sum of what it read), so that
@@ -30,21 +31,26 @@ import torch
 import triton
 import triton.language as tl
 from decode_cases import generator
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_glm5 import bench_real
 
 EXPERTS = tuple(int(n) for n in os.environ.get("EXP_EXPERTS", "1,2,3,4,8,16,32").split(","))
 # (programs a SM, 16-byte loads in flight a thread): the read's own schedule, tried in turn; the best is its floor
-SCHEDULES = ((4, 8), (8, 8), (16, 8), (8, 16), (16, 4))
+SCHEDULES = ((8, 8), (16, 8), (16, 4))
 VEC = 4  # int32 lanes a 16-byte load
 
 
 @triton.jit
 def read_kernel(base_ptr, starts_ptr, num_regions, region_offset, region_size, out_ptr, BLOCK: tl.constexpr,
-                UNROLL: tl.constexpr):  # fmt: skip
+                UNROLL: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Reads int32 elements [start + region_offset, start + region_offset + region_size) of ``base_ptr`` for each of
     ``num_regions`` starts (int64, multiples of 4: 16-byte vectors) in chunks of BLOCK * UNROLL, chunk u of all the
-    regions' chunks (region-major) by program u mod programs, and stores each program's sum of what it read."""
+    regions' chunks (region-major) by program u mod programs, and stores each program's sum of what it read. With PDL,
+    as the op's launches: waits for the launch before it to finish, then lets the next one start."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -60,9 +66,9 @@ def read_kernel(base_ptr, starts_ptr, num_regions, region_offset, region_size, o
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-def _launch(base: torch.Tensor, starts: torch.Tensor, offset: int, size: int, programs: int, out, unroll: int) -> None:
-    read_kernel[(programs,)](base, starts, starts.numel(), offset, size, out, BLOCK=128 * VEC, UNROLL=unroll,
-                             num_warps=4)  # fmt: skip
+def _launch(base, starts, offset: int, size: int, programs: int, out, unroll: int, pdl: bool = False) -> None:
+    read_kernel[(programs,)](base, starts, starts.numel(), offset, size, out, BLOCK=128 * VEC, UNROLL=unroll, PDL=pdl,
+                             num_warps=4, launch_pdl=pdl)  # fmt: skip
 
 
 def _layer(layout: bench_real.Layout, gen: torch.Generator) -> tuple[torch.Tensor, int, int]:
@@ -112,8 +118,16 @@ if __name__ == "__main__":
                     _launch(data, starts, n13, n2, programs, sink, unroll)
                     _launch(data, first, 0, 64, 1, sink, 1)  # a sum-sized one
 
+            def four_pdl(steps=steps, first=first, programs=programs, unroll=unroll):
+                for data, starts in steps:
+                    _launch(data, first, 0, 64, 1, sink, 1, True)
+                    _launch(data, starts, 0, n13, programs, sink, unroll, True)
+                    _launch(data, starts, n13, n2, programs, sink, unroll, True)
+                    _launch(data, first, 0, 64, 1, sink, 1, True)
+
             times = {name: bench_real._time(fn, True, len(steps)) * 1e3 for name, fn in
-                     (("one launch", one), ("two launches", two), ("four launches", four))}  # fmt: skip
+                     (("one launch", one), ("two launches", two), ("four launches", four),
+                      ("four launches, PDL", four_pdl))}  # fmt: skip
             rows.append({"experts": n, "programs_per_sm": per_sm, "loads_in_flight": unroll,
                          "bytes": n * (n13 + n2) * 4, "floor_us": floor, "us": times})  # fmt: skip
             cells = " | ".join(f"{k} {v:6.2f} us (floor / it {floor / v:.0%})" for k, v in times.items())
