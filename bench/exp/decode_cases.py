@@ -131,11 +131,12 @@ def compare_variants(
 
 def compare_settings(out, name: str, module, settings: dict, batches, seed: int) -> list[dict]:
     """``compare_variants`` over settings of a module's attributes (variant name -> {attribute: value}; the first is
-    the reference), the attributes restored afterwards."""
+    the reference), the attributes restored afterwards. Each variant starts from the module's own values of every
+    attribute any variant sets, so that no setting stays in force into the next variant."""
     saved = {attr: getattr(module, attr) for values in settings.values() for attr in values}
 
     def setup(values: dict):
-        return lambda: [setattr(module, attr, value) for attr, value in values.items()]
+        return lambda: [setattr(module, attr, value) for attr, value in {**saved, **values}.items()]
 
     try:
         return compare_variants(out, name, {v: setup(values) for v, values in settings.items()}, batches, seed)

@@ -21,7 +21,7 @@ from decode_cases import compare_settings
 from sglang_glm5.variants import w4a16_decode
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,3,4").split(","))
-# every variant sets every attribute it or another changes (compare_settings leaves a variant's setting in force)
+# the variants' common settings (calls 2-3 of run 41 ran before compare_settings reset every attribute each variant)
 BASE = {
     "MAX_PAIRS": 32,
     "TILE1": (128, 256),
