@@ -8,7 +8,7 @@ storing its fp32 tile and nothing else: no routing, no split sums, no SiLU, no w
 is what the decode and the dots cost over the reads when nothing chains them, the least a one-launch op built on
 these K steps could take. Random bytes for codes and scales (the time does not depend on the values), the same
 activation vector for every row, CUDA graphs over 16 steps on two copies of the layer, beside the one-launch read of
-the same bytes (``read_floor.read_kernel``, 16 programs a SM, 8 loads in flight).
+the same bytes (``read_floor``'s kernel, 16 programs a SM, 8 loads in flight).
 Run 41 (bench/README.md): 26-33 us at one expert, slower than the whole op (22.5 us): short K slices over a flat grid
 at two to four programs a SM decode at about 1.5e12 weights/s, a third of the op's rate at busy sizes, so this form is
 no floor; it is the one-launch op's units without their chains, and as slow.
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from decode_cases import generator
-from read_floor import VEC, read_kernel
+from read_floor import expert_words, launch_read
 
 from sglang_glm5 import bench_real
 from sglang_glm5.kernels.nvfp4_moe import _load_quarters, _nvfp4_dot
@@ -86,8 +86,7 @@ def _layer(layout: bench_real.Layout, gen: torch.Generator) -> tuple[torch.Tenso
     """One random layer: w13 [E, 2I, H/4] int16, its scales [E, 2I, H/16] uint8, w2 and its scales likewise, and the
     same bytes as one int32 tensor expert by expert for the read (read_floor's layout)."""
     e, h, i = layout.num_experts, layout.hidden, layout.inter
-    gemm1 = 2 * i * (h // 8 + h // 64)
-    gemm2 = h * (i // 8 + i // 64)
+    gemm1, gemm2 = expert_words(layout)
     flat = torch.randint(-(2**31), 2**31 - 1, (e, gemm1 + gemm2), generator=gen, device="cuda", dtype=torch.int32)
     w13 = flat[:, : 2 * i * h // 8].view(torch.int16).view(e, 2 * i, h // 4)
     s13 = flat[:, 2 * i * h // 8 : gemm1].view(torch.uint8).view(e, 2 * i, h // 16)
@@ -110,23 +109,22 @@ if __name__ == "__main__":
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows = []
     for n in EXPERTS:
-        steps = []
-        for step in range(bench_real.ROUTINGS):
-            steps.append((copies[step % 2], torch.randperm(layout.num_experts, generator=gen, device="cuda")[:n]))
         per_expert = copies[0][5]
+        steps = []  # (layer copy, the step's experts, where their words start in the flat layer)
+        for step in range(bench_real.ROUTINGS):
+            chosen = torch.randperm(layout.num_experts, generator=gen, device="cuda")[:n]
+            steps.append((copies[step % 2], chosen, chosen * per_expert))
         floor = n * per_expert * 4 / bw * 1e6
 
         def read(steps=steps, per_expert=per_expert):
-            for layer, chosen in steps:
-                starts = chosen.to(torch.int64) * per_expert
-                read_kernel[(16 * sms,)](layer[4], starts, starts.numel(), 0, per_expert, sink, BLOCK=128 * VEC,
-                                         UNROLL=8, num_warps=4)  # fmt: skip
+            for layer, _, starts in steps:
+                launch_read(layer[4], starts, 0, per_expert, 16 * sms, sink, 8)
 
         times = {"read, one launch": bench_real._time(read, True, len(steps)) * 1e3}
         for per_sm, steps1, steps2, stages in SCHEDULES:
 
             def decode(steps=steps, per_sm=per_sm, steps1=steps1, steps2=steps2, stages=stages):
-                for (w13, s13, w2, s2, _, _), chosen in steps:
+                for (w13, s13, w2, s2, _, _), chosen, _ in steps:
                     decode_kernel[(per_sm * sms,)](
                         w13, s13, w2, s2, x, chosen, chosen.numel(), part, w13.stride(0), w13.stride(1),
                         s13.stride(0), s13.stride(1), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),

@@ -66,18 +66,24 @@ def read_kernel(base_ptr, starts_ptr, num_regions, region_offset, region_size, o
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-def _launch(base, starts, offset: int, size: int, programs: int, out, unroll: int, pdl: bool = False) -> None:
+def launch_read(base, starts, offset: int, size: int, programs: int, out, unroll: int, pdl: bool = False) -> None:
     read_kernel[(programs,)](base, starts, starts.numel(), offset, size, out, BLOCK=128 * VEC, UNROLL=unroll, PDL=pdl,
                              num_warps=4, launch_pdl=pdl)  # fmt: skip
+
+
+def expert_words(layout: bench_real.Layout) -> tuple[int, int]:
+    """int32 words of an expert's gemm1 part (w13 and its scales) and of its gemm2 part (w2 and its scales): K/2 code
+    bytes and K/16 scale bytes a row."""
+    h, i = layout.hidden, layout.inter
+    return 2 * i * (h // 8 + h // 64), h * (i // 8 + i // 64)
 
 
 def _layer(layout: bench_real.Layout, gen: torch.Generator) -> tuple[torch.Tensor, int, int]:
     """A layer as one int32 tensor of random bytes, expert by expert [w13 | w13 scales | w2 | w2 scales] (the NVFP4
     shapes' bytes), with the int32 elements of an expert's gemm1 part and of its gemm2 part."""
-    e, h, i = layout.num_experts, layout.hidden, layout.inter
-    gemm1 = 2 * i * (h // 8 + h // 64)  # h/2 code bytes and h/16 scale bytes a row, as int32
-    gemm2 = h * (i // 8 + i // 64)
-    data = torch.randint(-(2**31), 2**31 - 1, (e * (gemm1 + gemm2),), generator=gen, device="cuda", dtype=torch.int32)
+    gemm1, gemm2 = expert_words(layout)
+    size = (layout.num_experts * (gemm1 + gemm2),)
+    data = torch.randint(-(2**31), 2**31 - 1, size, generator=gen, device="cuda", dtype=torch.int32)
     return data, gemm1, gemm2
 
 
@@ -104,30 +110,23 @@ if __name__ == "__main__":
 
             def one(steps=steps, programs=programs, unroll=unroll):
                 for data, starts in steps:
-                    _launch(data, starts, 0, n13 + n2, programs, sink, unroll)
+                    launch_read(data, starts, 0, n13 + n2, programs, sink, unroll)
 
             def two(steps=steps, programs=programs, unroll=unroll):
                 for data, starts in steps:
-                    _launch(data, starts, 0, n13, programs, sink, unroll)
-                    _launch(data, starts, n13, n2, programs, sink, unroll)
+                    launch_read(data, starts, 0, n13, programs, sink, unroll)
+                    launch_read(data, starts, n13, n2, programs, sink, unroll)
 
-            def four(steps=steps, first=first, programs=programs, unroll=unroll):
+            def four(steps=steps, first=first, programs=programs, unroll=unroll, pdl=False):
                 for data, starts in steps:
-                    _launch(data, first, 0, 64, 1, sink, 1)  # a routing-sized launch: one program, 256 bytes
-                    _launch(data, starts, 0, n13, programs, sink, unroll)
-                    _launch(data, starts, n13, n2, programs, sink, unroll)
-                    _launch(data, first, 0, 64, 1, sink, 1)  # a sum-sized one
-
-            def four_pdl(steps=steps, first=first, programs=programs, unroll=unroll):
-                for data, starts in steps:
-                    _launch(data, first, 0, 64, 1, sink, 1, True)
-                    _launch(data, starts, 0, n13, programs, sink, unroll, True)
-                    _launch(data, starts, n13, n2, programs, sink, unroll, True)
-                    _launch(data, first, 0, 64, 1, sink, 1, True)
+                    launch_read(data, first, 0, 64, 1, sink, 1, pdl)  # a routing-sized launch: one program, 256 bytes
+                    launch_read(data, starts, 0, n13, programs, sink, unroll, pdl)
+                    launch_read(data, starts, n13, n2, programs, sink, unroll, pdl)
+                    launch_read(data, first, 0, 64, 1, sink, 1, pdl)  # a sum-sized one
 
             times = {name: bench_real._time(fn, True, len(steps)) * 1e3 for name, fn in
                      (("one launch", one), ("two launches", two), ("four launches", four),
-                      ("four launches, PDL", four_pdl))}  # fmt: skip
+                      ("four launches, PDL", lambda four=four: four(pdl=True)))}  # fmt: skip
             rows.append({"experts": n, "programs_per_sm": per_sm, "loads_in_flight": unroll,
                          "bytes": n * (n13 + n2) * 4, "floor_us": floor, "us": times})  # fmt: skip
             cells = " | ".join(f"{k} {v:6.2f} us (floor / it {floor / v:.0%})" for k, v in times.items())
