@@ -1,0 +1,181 @@
+"""Experiment: how fast the Gluon gemm1's K step runs when nothing has to arrive from memory.
+
+The shipped decode GEMMs move an expert's bytes at 70-82% of the H200's copy bandwidth at busy decode sizes, and at
+86% (gemm1) with every byte already in L2 (``decode_ceiling.py``, run 38). Is that the K step's own instruction
+stream at the programs per SM the tiles allow, or the copies and the waits for them? This kernel runs the shipped K
+step (``nvfp4_moe_gluon``'s ring, decode, quarter wgmmas and waits, in either order of gate and up) over K steps
+already in shared memory: each program copies STAGES K steps of one tile once, then walks them ``reps`` times with no
+copy, and with or without the CTA barrier each real K step starts with. Decoded weights a second against the rate at
+which the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4
+programs per SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
+Usage: python bench/exp/decode_issue.py OUT_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait
+
+from sglang_glm5 import bench_real, nvfp4
+from sglang_glm5.kernels import nvfp4_moe_gluon as g
+
+BYTES_PER_WEIGHT = 0.5 + 1 / 16  # an e2m1 code and its share of an e4m3 block scale
+BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES = 16, 64, 256, 4, 2  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
+
+
+@gluon.jit
+def decode_issue_kernel(
+    w_ptr,  # [2 * BLOCK_N, STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate rows, then up rows
+    ws_ptr,  # [2 * BLOCK_N, STAGES * BLOCK_K / 16] uint8 scale codes
+    x_ptr,  # [BLOCK_M, STAGES * BLOCK_K] bf16 activations
+    ids_ptr,  # [BLOCK_M] int32 0 .. BLOCK_M - 1 (the routing block's pairs)
+    out_ptr,  # [programs, BLOCK_N, BLOCK_M] fp32: gate + up accumulators (kept live)
+    reps,  # K steps each program walks
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    LOOKAHEAD: gl.constexpr,
+    GATE_THEN_UP: gl.constexpr,
+    BARRIER: gl.constexpr,  # a CTA barrier at each K step, as the real ring's
+):  # fmt: skip
+    QK: gl.constexpr = BLOCK_K // 4
+    SK: gl.constexpr = BLOCK_K // 16
+    mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
+    a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
+    wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
+    sc_l: gl.constexpr = g._scale_copy_layout(WARPS)
+    wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
+    wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
+    sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
+    rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
+    rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
+    wg_rows = w_ptr + rows_w * (STAGES * QK)
+    wu_rows = w_ptr + (BLOCK_N + rows_w) * (STAGES * QK)
+    sg_rows = ws_ptr + rows_s * (STAGES * SK)
+    su_rows = ws_ptr + (BLOCK_N + rows_s) * (STAGES * SK)
+    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, STAGES * BLOCK_K, BLOCK_M, QK, WARPS)
+    for step in gl.static_range(STAGES):
+        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
+                              sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
+    cp.commit_group()
+    cp.wait_group(0)
+    g._cta_barrier()
+
+    acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+    for i in range(reps):
+        slot = i % STAGES
+        if BARRIER:
+            g._cta_barrier()
+        x0 = x0_s.index(slot).permute((1, 0))
+        x1 = x1_s.index(slot).permute((1, 0))
+        x2 = x2_s.index(slot).permute((1, 0))
+        x3 = x3_s.index(slot).permute((1, 0))
+        if GATE_THEN_UP:
+            acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
+                                     LOOKAHEAD, a_l)  # fmt: skip
+            acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
+                                     LOOKAHEAD, a_l)  # fmt: skip
+        else:
+            pg = wg_s.index(slot).load(a_l)
+            pu = wu_s.index(slot).load(a_l)
+            sg = g._operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+            su = g._operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
+        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+    n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    tile = gl.program_id(0).to(gl.int64) * BLOCK_N * BLOCK_M
+    gl.store(out_ptr + tile + n[:, None] * BLOCK_M + m[None, :], acc_g + acc_u)
+
+
+def resident(kernel, sms_limit: int) -> int:
+    """Programs per SM that registers, shared memory and warps let stay resident together (an H200: 65536
+    registers, 227 KB of shared memory a SM for blocks, 64 warps)."""
+    by_regs = 65536 // (kernel.n_regs * 32 * WARPS) if kernel.n_regs else sms_limit
+    by_shared = (227 * 1024) // max(1, kernel.metadata.shared)
+    return min(by_regs, by_shared, 64 // WARPS, sms_limit)
+
+
+def main(out: Path) -> None:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(29)
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    bw = bench_real.copy_bandwidth()
+    qk, sk = BLOCK_K // 4, BLOCK_K // 16
+    w = torch.randint(-32768, 32768, (2 * BLOCK_N, STAGES * qk), generator=gen, device=dev, dtype=torch.int32)
+    w = w.to(torch.int16)
+    scales = torch.rand(2 * BLOCK_N, STAGES * sk, generator=gen, device=dev) * 2 + 0.25
+    ws = nvfp4.scale_codes(scales.to(torch.float8_e4m3fn))  # the kernel layout's scale codes
+    x = torch.randn(BLOCK_M, STAGES * BLOCK_K, generator=gen, device=dev).bfloat16()
+    ids = torch.arange(BLOCK_M, device=dev, dtype=torch.int32)
+    print(
+        f"{torch.cuda.get_device_name(dev)}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s = "
+        f"{bw / BYTES_PER_WEIGHT / 1e12:.2f}e12 NVFP4 weights/s; triton {triton.__version__}",
+        flush=True,
+    )
+    rows = []
+    for gate_then_up in (False, True):
+        for barrier in (True, False):
+            for per_sm in (1, 2, 3, 4):
+                programs = per_sm * sms
+                outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
+                reps = 256
+                opts = {"maxnreg": 128} if gate_then_up else {}  # as the op compiles the 2-stage gate-then-up tile
+
+                def launch(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, barrier=barrier,
+                           opts=opts):  # fmt: skip
+                    return decode_issue_kernel[(programs,)](
+                        w, ws, x, ids, outs, reps, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, WARPS=WARPS,
+                        STAGES=STAGES, LOOKAHEAD=1, GATE_THEN_UP=gate_then_up, BARRIER=barrier, num_warps=WARPS,
+                        **opts,
+                    )  # fmt: skip
+
+                kernel = launch()
+                torch.cuda.synchronize()
+                fits = resident(kernel, 4)
+                if not torch.isfinite(outs).all():
+                    raise RuntimeError("decode_issue: non-finite accumulators (a scale code out of range?)")
+                if per_sm > fits:
+                    print(f"  gate_then_up={gate_then_up} barrier={barrier}: {per_sm} per SM do not fit "
+                          f"({kernel.n_regs} registers, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
+                    continue
+                ms = triton.testing.do_bench(launch, warmup=10, rep=200, return_mode="median")
+                weights = programs * reps * 2 * BLOCK_N * BLOCK_K
+                rate = weights / (ms * 1e-3)
+                row = {"gate_then_up": gate_then_up, "barrier": barrier, "per_sm": per_sm, "registers": kernel.n_regs,
+                       "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
+                       "of_copy": rate * BYTES_PER_WEIGHT / bw}  # fmt: skip
+                rows.append(row)
+                print(
+                    f"  gate_then_up={gate_then_up!s:5} barrier={barrier!s:5} {per_sm} per SM "
+                    f"({kernel.n_regs} regs, {kernel.metadata.shared} B): {ms * 1e3:8.1f} us, "
+                    f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth",
+                    flush=True,
+                )
+    (out / "decode_issue.json").write_text(
+        json.dumps({"gpu": torch.cuda.get_device_name(dev), "triton": triton.__version__, "copy_Bps": bw,
+                    "tile": f"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}-w{WARPS}-s{STAGES}-gl", "rows": rows}, indent=1) + "\n"
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
