@@ -1,13 +1,16 @@
 """Experiment: how fast the Gluon gemm1's K step runs when nothing has to arrive from memory.
 
-The shipped decode GEMMs move an expert's bytes at 70-82% of the H200's copy bandwidth at busy decode sizes, and at
-86% (gemm1) with every byte already in L2 (``decode_ceiling.py``, run 38). Is that the K step's own instruction
-stream at the programs per SM the tiles allow, or the copies and the waits for them? This kernel runs the shipped K
-step (``nvfp4_moe_gluon``'s ring, decode, quarter wgmmas and waits, in either order of gate and up) over K steps
-already in shared memory: each program copies STAGES K steps of one tile once, then walks them ``reps`` times with no
-copy, and with or without the CTA barrier each real K step starts with. Decoded weights a second against the rate at
-which the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4
-programs per SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
+The shipped decode GEMMs
+move an expert's bytes at 70-82% of the H200's copy bandwidth at busy decode sizes, and at 86% (gemm1) with every byte
+already in L2 (``decode_ceiling.py``, run 38). Is that the K step's own instruction stream at the programs per SM the
+tiles allow, or the copies and the waits for them? This kernel runs the shipped K step (``nvfp4_moe_gluon``'s ring,
+decode, quarter wgmmas and waits, in either order of gate and up) over K steps already in shared memory: each program
+copies STAGES K steps of one tile once, then walks them ``reps`` times with no copy, with or without the CTA barrier
+each real K step starts with; and, to price the copies, with the real ring's copies and waits at each step as well
+(refilling the freed slot from the program's own STAGES steps, which stay in L2: REGIONS copies of the data, so that
+the programs do not all read the same lines). Decoded weights a second against the rate at which
+the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4 programs per
+SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
 Usage: python bench/exp/decode_issue.py OUT_DIR
 """
 
@@ -27,16 +30,20 @@ from sglang_glm5.kernels import nvfp4_moe_gluon as g
 
 BYTES_PER_WEIGHT = 0.5 + 1 / 16  # an e2m1 code and its share of an e4m3 block scale
 BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES = 16, 64, 256, 4, 2  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
+# (BARRIER, COPY): the K step alone with the ring's barrier, without it, and with the ring's copies and waits too
+FORMS = {"barrier": (True, False), "bare": (False, False), "copies": (True, True)}
+REGIONS = 256  # copies of the operands (13 MB in all: within the H200's 50 MB L2)
 
 
 @gluon.jit
 def decode_issue_kernel(
-    w_ptr,  # [2 * BLOCK_N, STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate rows, then up rows
-    ws_ptr,  # [2 * BLOCK_N, STAGES * BLOCK_K / 16] uint8 scale codes
-    x_ptr,  # [BLOCK_M, STAGES * BLOCK_K] bf16 activations
+    w_ptr,  # [REGIONS, 2 * BLOCK_N, STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate, then up rows
+    ws_ptr,  # [REGIONS, 2 * BLOCK_N, STAGES * BLOCK_K / 16] uint8 scale codes
+    x_ptr,  # [REGIONS, BLOCK_M, STAGES * BLOCK_K] bf16 activations
     ids_ptr,  # [BLOCK_M] int32 0 .. BLOCK_M - 1 (the routing block's pairs)
     out_ptr,  # [programs, BLOCK_N, BLOCK_M] fp32: gate + up accumulators (kept live)
     reps,  # K steps each program walks
+    regions,  # REGIONS: program p reads region p % regions (all programs on one region's lines: an L2 hot spot)
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -45,9 +52,14 @@ def decode_issue_kernel(
     LOOKAHEAD: gl.constexpr,
     GATE_THEN_UP: gl.constexpr,
     BARRIER: gl.constexpr,  # a CTA barrier at each K step, as the real ring's
+    COPY: gl.constexpr,  # the real ring's copies too: each K step refills the slot freed, from the same STAGES steps
 ):  # fmt: skip
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
+    region = (gl.program_id(0) % regions).to(gl.int64)
+    w_ptr += region * (2 * BLOCK_N * STAGES * QK)
+    ws_ptr += region * (2 * BLOCK_N * STAGES * SK)
+    x_ptr += region * (BLOCK_M * STAGES * BLOCK_K)
     mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
     a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
     wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
@@ -79,7 +91,14 @@ def decode_issue_kernel(
     acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     for i in range(reps):
         slot = i % STAGES
-        if BARRIER:
+        if COPY:  # as nvfp4_moe_gemm1_gluon_kernel's loop, the sources a few KB that stay in L2
+            cp.wait_group(STAGES - 2)
+            g._cta_barrier()
+            nxt = (i + STAGES - 1) % STAGES
+            g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, nxt * BLOCK_K, wg_rows,
+                                  wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
+            cp.commit_group()
+        elif BARRIER:
             g._cta_barrier()
         x0 = x0_s.index(slot).permute((1, 0))
         x1 = x1_s.index(slot).permute((1, 0))
@@ -100,6 +119,7 @@ def decode_issue_kernel(
             acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
             acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
         acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+    cp.wait_group(0)
     n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     tile = gl.program_id(0).to(gl.int64) * BLOCK_N * BLOCK_M
@@ -121,11 +141,11 @@ def main(out: Path) -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     bw = bench_real.copy_bandwidth()
     qk, sk = BLOCK_K // 4, BLOCK_K // 16
-    w = torch.randint(-32768, 32768, (2 * BLOCK_N, STAGES * qk), generator=gen, device=dev, dtype=torch.int32)
+    w = torch.randint(-32768, 32768, (REGIONS, 2 * BLOCK_N, STAGES * qk), generator=gen, device=dev, dtype=torch.int32)
     w = w.to(torch.int16)
-    scales = torch.rand(2 * BLOCK_N, STAGES * sk, generator=gen, device=dev) * 2 + 0.25
+    scales = torch.rand(REGIONS, 2 * BLOCK_N, STAGES * sk, generator=gen, device=dev) * 2 + 0.25
     ws = nvfp4.scale_codes(scales.to(torch.float8_e4m3fn))  # the kernel layout's scale codes
-    x = torch.randn(BLOCK_M, STAGES * BLOCK_K, generator=gen, device=dev).bfloat16()
+    x = torch.randn(REGIONS, BLOCK_M, STAGES * BLOCK_K, generator=gen, device=dev).bfloat16()
     ids = torch.arange(BLOCK_M, device=dev, dtype=torch.int32)
     print(
         f"{torch.cuda.get_device_name(dev)}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s = "
@@ -134,7 +154,7 @@ def main(out: Path) -> None:
     )
     rows = []
     for gate_then_up in (False, True):
-        for barrier in (True, False):
+        for form, (barrier, copy) in FORMS.items():
             for per_sm in (1, 2, 3, 4):
                 programs = per_sm * sms
                 outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
@@ -142,10 +162,11 @@ def main(out: Path) -> None:
                 opts = {"maxnreg": 128} if gate_then_up else {}  # as the op compiles the 2-stage gate-then-up tile
 
                 def launch(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, barrier=barrier,
-                           opts=opts):  # fmt: skip
+                           copy=copy, opts=opts):  # fmt: skip
                     return decode_issue_kernel[(programs,)](
-                        w, ws, x, ids, outs, reps, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, WARPS=WARPS,
-                        STAGES=STAGES, LOOKAHEAD=1, GATE_THEN_UP=gate_then_up, BARRIER=barrier, num_warps=WARPS,
+                        w, ws, x, ids, outs, reps, REGIONS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                        WARPS=WARPS, STAGES=STAGES, LOOKAHEAD=1, GATE_THEN_UP=gate_then_up, BARRIER=barrier,
+                        COPY=copy, num_warps=WARPS,
                         **opts,
                     )  # fmt: skip
 
@@ -155,18 +176,18 @@ def main(out: Path) -> None:
                 if not torch.isfinite(outs).all():
                     raise RuntimeError("decode_issue: non-finite accumulators (a scale code out of range?)")
                 if per_sm > fits:
-                    print(f"  gate_then_up={gate_then_up} barrier={barrier}: {per_sm} per SM do not fit "
+                    print(f"  gate_then_up={gate_then_up} {form}: {per_sm} per SM do not fit "
                           f"({kernel.n_regs} registers, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
                     continue
                 ms = triton.testing.do_bench(launch, warmup=10, rep=200, return_mode="median")
                 weights = programs * reps * 2 * BLOCK_N * BLOCK_K
                 rate = weights / (ms * 1e-3)
-                row = {"gate_then_up": gate_then_up, "barrier": barrier, "per_sm": per_sm, "registers": kernel.n_regs,
+                row = {"gate_then_up": gate_then_up, "form": form, "per_sm": per_sm, "registers": kernel.n_regs,
                        "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
                        "of_copy": rate * BYTES_PER_WEIGHT / bw}  # fmt: skip
                 rows.append(row)
                 print(
-                    f"  gate_then_up={gate_then_up!s:5} barrier={barrier!s:5} {per_sm} per SM "
+                    f"  gate_then_up={gate_then_up!s:5} {form:7s} {per_sm} per SM "
                     f"({kernel.n_regs} regs, {kernel.metadata.shared} B): {ms * 1e3:8.1f} us, "
                     f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth",
                     flush=True,
