@@ -11,10 +11,11 @@ each real K step starts with; and, to price the copies, with the real ring's cop
 the programs do not all read the same lines). Decoded weights a second against the rate at which
 the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4 programs per
 SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
-Usage: python bench/exp/decode_issue.py OUT_DIR
+Usage: python bench/exp/decode_issue.py OUT_DIR   (EXP_STAGES: the ring's depth, default 2)
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from sglang_glm5 import bench_real, nvfp4
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
 
 BYTES_PER_WEIGHT = 0.5 + 1 / 16  # an e2m1 code and its share of an e4m3 block scale
-BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES = 16, 64, 256, 4, 2  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
+BLOCK_M, BLOCK_N, BLOCK_K, WARPS = 16, 64, 256, 4  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
+STAGES = int(os.environ.get("EXP_STAGES", "2"))  # the ring's depth (3: the shipped 3-stage tile's)
 # (BARRIER, COPY): the K step alone with the ring's barrier, without it, and with the ring's copies and waits too
 FORMS = {"barrier": (True, False), "bare": (False, False), "copies": (True, True)}
 REGIONS = 256  # copies of the operands (13 MB in all: within the H200's 50 MB L2)
@@ -192,7 +194,7 @@ def main(out: Path) -> None:
                     f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth",
                     flush=True,
                 )
-    (out / "decode_issue.json").write_text(
+    (out / f"decode_issue_s{STAGES}.json").write_text(
         json.dumps({"gpu": torch.cuda.get_device_name(dev), "triton": triton.__version__, "copy_Bps": bw,
                     "tile": f"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}-w{WARPS}-s{STAGES}-gl", "rows": rows}, indent=1) + "\n"
     )  # fmt: skip
