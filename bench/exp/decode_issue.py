@@ -24,7 +24,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from sglang_glm5 import bench_real, nvfp4
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
@@ -32,18 +33,21 @@ from sglang_glm5.kernels import nvfp4_moe_gluon as g
 BYTES_PER_WEIGHT = 0.5 + 1 / 16  # an e2m1 code and its share of an e4m3 block scale
 BLOCK_M, BLOCK_N, BLOCK_K, WARPS = 16, 64, 256, 4  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
 STAGES = int(os.environ.get("EXP_STAGES", "2"))  # the ring's depth (3: the shipped 3-stage tile's)
-# (BARRIER, COPY): the K step alone with the ring's barrier, without it, and with the ring's copies and waits too
-FORMS = {"barrier": (True, False), "bare": (False, False), "copies": (True, True)}
-REGIONS = 256  # copies of the operands (13 MB in all: within the H200's 50 MB L2)
+# (BARRIER, COPY, TMA): the K step alone with the ring's barrier, without it, with the ring's copies and waits too, and
+# with the packed words by TMA instead of cp.async
+FORMS = {"barrier": (True, False, False), "bare": (False, False, False), "copies": (True, True, False),
+         "tma": (True, True, True)}  # fmt: skip
+REGIONS = 128  # copies of the operands (4 K steps each, 13 MB in all: within the H200's 50 MB L2)
 
 
 @gluon.jit
 def decode_issue_kernel(
-    w_ptr,  # [REGIONS, 2 * BLOCK_N, STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate, then up rows
-    ws_ptr,  # [REGIONS, 2 * BLOCK_N, STAGES * BLOCK_K / 16] uint8 scale codes
-    x_ptr,  # [REGIONS, BLOCK_M, STAGES * BLOCK_K] bf16 activations
+    w_ptr,  # [REGIONS, 2 * BLOCK_N, 2 * STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate, up rows
+    ws_ptr,  # [REGIONS, 2 * BLOCK_N, 2 * STAGES * BLOCK_K / 16] uint8 scale codes
+    x_ptr,  # [REGIONS, BLOCK_M, 2 * STAGES * BLOCK_K] bf16 activations
     ids_ptr,  # [BLOCK_M] int32 0 .. BLOCK_M - 1 (the routing block's pairs)
     out_ptr,  # [programs, BLOCK_N, BLOCK_M] fp32: gate + up accumulators (kept live)
+    w_desc,  # TMA descriptor of w_ptr as [REGIONS * 2 * BLOCK_N, 2 * STAGES * BLOCK_K / 4], boxes [BLOCK_N, QK]
     reps,  # K steps each program walks
     regions,  # REGIONS: program p reads region p % regions (all programs on one region's lines: an L2 hot spot)
     BLOCK_M: gl.constexpr,
@@ -55,33 +59,37 @@ def decode_issue_kernel(
     GATE_THEN_UP: gl.constexpr,
     BARRIER: gl.constexpr,  # a CTA barrier at each K step, as the real ring's
     COPY: gl.constexpr,  # the real ring's copies too: each K step refills the slot freed, from the same STAGES steps
+    TMA: gl.constexpr,  # with COPY: the packed words by TMA (a box a matrix, an mbarrier a slot), the rest by cp.async
 ):  # fmt: skip
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
+    HELD: gl.constexpr = 2 * STAGES  # K steps of data a region: the copies refill a slot with another step's
     region = (gl.program_id(0) % regions).to(gl.int64)
-    w_ptr += region * (2 * BLOCK_N * STAGES * QK)
-    ws_ptr += region * (2 * BLOCK_N * STAGES * SK)
-    x_ptr += region * (BLOCK_M * STAGES * BLOCK_K)
+    w_ptr += region * (2 * BLOCK_N * HELD * QK)
+    ws_ptr += region * (2 * BLOCK_N * HELD * SK)
+    x_ptr += region * (BLOCK_M * HELD * BLOCK_K)
     mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
     a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
     wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
     sc_l: gl.constexpr = g._scale_copy_layout(WARPS)
-    wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
-    wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
+    wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
+    wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(bars.index(b), count=1)
+    row_g = (region * (2 * BLOCK_N)).to(gl.int32)
     sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
     rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
     rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
-    wg_rows = w_ptr + rows_w * (STAGES * QK)
-    wu_rows = w_ptr + (BLOCK_N + rows_w) * (STAGES * QK)
-    sg_rows = ws_ptr + rows_s * (STAGES * SK)
-    su_rows = ws_ptr + (BLOCK_N + rows_s) * (STAGES * SK)
+    wg_rows = w_ptr + rows_w * (HELD * QK)
+    wu_rows = w_ptr + (BLOCK_N + rows_w) * (HELD * QK)
+    sg_rows = ws_ptr + rows_s * (HELD * SK)
+    su_rows = ws_ptr + (BLOCK_N + rows_s) * (HELD * SK)
     w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
     s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, STAGES * BLOCK_K, BLOCK_M, QK, WARPS)
+    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, HELD * BLOCK_K, BLOCK_M, QK, WARPS)
     for step in gl.static_range(STAGES):
         g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
                               sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
@@ -95,10 +103,22 @@ def decode_issue_kernel(
         slot = i % STAGES
         if COPY:  # as nvfp4_moe_gemm1_gluon_kernel's loop, the sources a few KB that stay in L2
             cp.wait_group(STAGES - 2)
+            if TMA and i >= STAGES - 1:  # step i's words (the first STAGES - 1 came with the fill above)
+                mbarrier.wait(bars.index(slot), ((i - STAGES + 1) // STAGES) & 1)
             g._cta_barrier()
             nxt = (i + STAGES - 1) % STAGES
-            g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, nxt * BLOCK_K, wg_rows,
-                                  wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
+            data = (i + STAGES - 1) % HELD  # the K step of data the slot gets (step i reads step i % HELD's)
+            if TMA:
+                mbarrier.expect(bars.index(nxt), 2 * BLOCK_N * QK * 2)
+                tma.async_copy_global_to_shared(w_desc, [row_g, data * QK], bars.index(nxt), wg_s.index(nxt))
+                tma.async_copy_global_to_shared(w_desc, [row_g + BLOCK_N, data * QK], bars.index(nxt),
+                                                wu_s.index(nxt))  # fmt: skip
+                cp.async_copy_global_to_shared(sg_s.index(nxt), sg_rows[:, None] + (data * SK + s_cols)[None, :])
+                cp.async_copy_global_to_shared(su_s.index(nxt), su_rows[:, None] + (data * SK + s_cols)[None, :])
+                g._copy_activations(x0_s, x1_s, x2_s, x3_s, nxt, x_rows, x_ok, data * BLOCK_K, QK, WARPS)
+            else:
+                g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, data * BLOCK_K, wg_rows,
+                                      wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
         elif BARRIER:
             g._cta_barrier()
@@ -122,6 +142,9 @@ def decode_issue_kernel(
             acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
         acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
     cp.wait_group(0)
+    if COPY and TMA:  # the words of the steps issued but not walked
+        for j in range(gl.maximum(reps - STAGES + 1, 0), reps):
+            mbarrier.wait(bars.index((j + STAGES - 1) % STAGES), (j // STAGES) & 1)
     n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
     tile = gl.program_id(0).to(gl.int64) * BLOCK_N * BLOCK_M
@@ -143,20 +166,25 @@ def main(out: Path) -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     bw = bench_real.copy_bandwidth()
     qk, sk = BLOCK_K // 4, BLOCK_K // 16
-    w = torch.randint(-32768, 32768, (REGIONS, 2 * BLOCK_N, STAGES * qk), generator=gen, device=dev, dtype=torch.int32)
+    w = torch.randint(
+        -32768, 32768, (REGIONS, 2 * BLOCK_N, 2 * STAGES * qk), generator=gen, device=dev, dtype=torch.int32
+    )
     w = w.to(torch.int16)
-    scales = torch.rand(REGIONS, 2 * BLOCK_N, STAGES * sk, generator=gen, device=dev) * 2 + 0.25
+    scales = torch.rand(REGIONS, 2 * BLOCK_N, 2 * STAGES * sk, generator=gen, device=dev) * 2 + 0.25
     ws = nvfp4.scale_codes(scales.to(torch.float8_e4m3fn))  # the kernel layout's scale codes
-    x = torch.randn(REGIONS, BLOCK_M, STAGES * BLOCK_K, generator=gen, device=dev).bfloat16()
+    x = torch.randn(REGIONS, BLOCK_M, 2 * STAGES * BLOCK_K, generator=gen, device=dev).bfloat16()
     ids = torch.arange(BLOCK_M, device=dev, dtype=torch.int32)
+    w_desc = TensorDescriptor.from_tensor(w.view(REGIONS * 2 * BLOCK_N, 2 * STAGES * qk), [BLOCK_N, qk],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, qk], gl.int16))  # fmt: skip
     print(
         f"{torch.cuda.get_device_name(dev)}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s = "
         f"{bw / BYTES_PER_WEIGHT / 1e12:.2f}e12 NVFP4 weights/s; triton {triton.__version__}",
         flush=True,
     )
     rows = []
+    copied = {}  # (gate_then_up, per_sm) -> the first copying form's accumulators: the others must match its bits
     for gate_then_up in (False, True):
-        for form, (barrier, copy) in FORMS.items():
+        for form, (barrier, copy, use_tma) in FORMS.items():
             for per_sm in (1, 2, 3, 4):
                 programs = per_sm * sms
                 outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
@@ -164,11 +192,11 @@ def main(out: Path) -> None:
                 opts = {"maxnreg": 128} if gate_then_up else {}  # as the op compiles the 2-stage gate-then-up tile
 
                 def launch(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, barrier=barrier,
-                           copy=copy, opts=opts):  # fmt: skip
+                           copy=copy, use_tma=use_tma, opts=opts):  # fmt: skip
                     return decode_issue_kernel[(programs,)](
-                        w, ws, x, ids, outs, reps, REGIONS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                        w, ws, x, ids, outs, w_desc, reps, REGIONS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                         WARPS=WARPS, STAGES=STAGES, LOOKAHEAD=1, GATE_THEN_UP=gate_then_up, BARRIER=barrier,
-                        COPY=copy, num_warps=WARPS,
+                        COPY=copy, TMA=use_tma, num_warps=WARPS,
                         **opts,
                     )  # fmt: skip
 
@@ -177,6 +205,10 @@ def main(out: Path) -> None:
                 fits = resident(kernel, 4)
                 if not torch.isfinite(outs).all():
                     raise RuntimeError("decode_issue: non-finite accumulators (a scale code out of range?)")
+                same = None
+                if copy:  # the copies bring other K steps than the slots held: a wait too early shows in the bits
+                    first = copied.setdefault((gate_then_up, per_sm), outs.clone())
+                    same = bool(torch.equal(first, outs))
                 if per_sm > fits:
                     print(f"  gate_then_up={gate_then_up} {form}: {per_sm} per SM do not fit "
                           f"({kernel.n_regs} registers, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
@@ -186,12 +218,17 @@ def main(out: Path) -> None:
                 rate = weights / (ms * 1e-3)
                 row = {"gate_then_up": gate_then_up, "form": form, "per_sm": per_sm, "registers": kernel.n_regs,
                        "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
-                       "of_copy": rate * BYTES_PER_WEIGHT / bw}  # fmt: skip
+                       "of_copy": rate * BYTES_PER_WEIGHT / bw, "same_bits_as_copies": same}  # fmt: skip
                 rows.append(row)
                 print(
                     f"  gate_then_up={gate_then_up!s:5} {form:7s} {per_sm} per SM "
                     f"({kernel.n_regs} regs, {kernel.metadata.shared} B): {ms * 1e3:8.1f} us, "
-                    f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth",
+                    f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth"
+                    + (
+                        ""
+                        if same is None
+                        else f" ({'same bits as' if same else 'OTHER BITS THAN'} the cp.async copies)"
+                    ),
                     flush=True,
                 )
     (out / f"decode_issue_s{STAGES}.json").write_text(
