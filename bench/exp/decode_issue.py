@@ -14,6 +14,7 @@ SM, each as many as registers and shared memory keep resident. Nothing here runs
 Usage: python bench/exp/decode_issue.py OUT_DIR   (EXP_STAGES: the ring's depth, default 2)
 """
 
+import inspect
 import json
 import os
 import sys
@@ -151,10 +152,143 @@ def decode_issue_kernel(
     gl.store(out_ptr + tile + n[:, None] * BLOCK_M + m[None, :], acc_g + acc_u)
 
 
+# The WS form's sizes as globals: a warp-specialized partition gets its arguments as tensors, so its constexprs come
+# from the module.
+_BM, _BN, _BK, _WARPS = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(BLOCK_K), gl.constexpr(WARPS)
+_STAGES = gl.constexpr(STAGES)
+_QK, _SK, _HELD = gl.constexpr(BLOCK_K // 4), gl.constexpr(BLOCK_K // 16), gl.constexpr(2 * STAGES)
+WS_REGS = gl.constexpr(48)  # the producer warp group's registers a thread (setmaxnreg); the consumers get the rest
+
+
+@gluon.jit
+def _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, GATE_THEN_UP: gl.constexpr):
+    """The WS form's default partition: the K step on each slot once ``full`` says it landed, then ``empty``."""
+    mma: gl.constexpr = g._mma_layout(_BM, _WARPS)
+    a_l: gl.constexpr = g._operand_layout(_BM, _WARPS)
+    acc_g = gl.zeros([_BN, _BM], gl.float32, layout=mma)
+    acc_u = gl.zeros([_BN, _BM], gl.float32, layout=mma)
+    for i in range(reps):
+        slot = i % _STAGES
+        mbarrier.wait(full.index(slot), (i // _STAGES) & 1)
+        x0 = x0_s.index(slot).permute((1, 0))
+        x1 = x1_s.index(slot).permute((1, 0))
+        x2 = x2_s.index(slot).permute((1, 0))
+        x3 = x3_s.index(slot).permute((1, 0))
+        if GATE_THEN_UP:
+            acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, _BN, _QK, 1, a_l)
+            acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, _BN, _QK, 1, a_l)
+        else:
+            pg = wg_s.index(slot).load(a_l)
+            pu = wu_s.index(slot).load(a_l)
+            sg = g._operand_scales(sg_s.index(slot), _BN, _QK, a_l)
+            su = g._operand_scales(su_s.index(slot), _BN, _QK, a_l)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, 1)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, 1)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, 1)
+            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, 1)
+        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        g._cta_barrier()  # every consumer warp is done with the slot
+        mbarrier.arrive(empty.index(slot))
+    n = gl.arange(0, _BN, layout=gl.SliceLayout(1, mma))
+    m = gl.arange(0, _BM, layout=gl.SliceLayout(0, mma))
+    tile = gl.program_id(0).to(gl.int64) * _BN * _BM
+    gl.store(out_ptr + tile + n[:, None] * _BM + m[None, :], acc_g + acc_u)
+
+
+@gluon.jit
+def _ws_consumer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps):
+    _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, False)
+
+
+@gluon.jit
+def _ws_consumer_gu(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps):
+    _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, True)
+
+
+@gluon.jit
+def _ws_producer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_ptr, ws_ptr, x_ptr, ids_ptr, reps,
+                 regions):  # fmt: skip
+    """The WS form's worker partition (a warp group, so that its registers can be given to the consumers): each K
+    step's cp.async copies into its slot once ``empty`` says the consumers are done with it, each thread arriving on
+    ``full`` when its copies land."""
+    region = (gl.program_id(0) % regions).to(gl.int64)
+    w_ptr += region * (2 * _BN * _HELD * _QK)
+    ws_ptr += region * (2 * _BN * _HELD * _SK)
+    x_ptr += region * (_BM * _HELD * _BK)
+    wc_l: gl.constexpr = g._copy_layout(_QK, _WARPS)
+    sc_l: gl.constexpr = g._scale_copy_layout(_WARPS)
+    rows_w = gl.arange(0, _BN, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
+    rows_s = gl.arange(0, _BN, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
+    wg_rows = w_ptr + rows_w * (_HELD * _QK)
+    wu_rows = w_ptr + (_BN + rows_w) * (_HELD * _QK)
+    sg_rows = ws_ptr + rows_s * (_HELD * _SK)
+    su_rows = ws_ptr + (_BN + rows_s) * (_HELD * _SK)
+    w_cols = gl.arange(0, _QK, layout=gl.SliceLayout(0, wc_l))
+    s_cols = gl.arange(0, _SK, layout=gl.SliceLayout(0, sc_l))
+    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, _BM, 1, _HELD * _BK, _BM, _QK, _WARPS)
+    for i in range(reps):
+        slot = i % _STAGES
+        if i >= _STAGES:
+            mbarrier.wait(empty.index(slot), ((i // _STAGES) - 1) & 1)
+        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, (i % _HELD) * _BK, wg_rows,
+                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, _QK, _WARPS)  # fmt: skip
+        cp.mbarrier_arrive(full.index(slot), increment_count=False)  # each lane's arrival, once its copies land
+
+
+@gluon.jit
+def decode_issue_ws_kernel(
+    w_ptr, ws_ptr, x_ptr, ids_ptr, out_ptr, reps, regions,  # as decode_issue_kernel's
+    GATE_THEN_UP: gl.constexpr, NEW_WS: gl.constexpr,
+):  # fmt: skip
+    """The K step with its copies issued by warps of their own (warp specialization): WARPS consumer warps decode and
+    multiply, WARPS producer warps copy (WS_REGS registers each), ``full`` and ``empty`` mbarriers a slot between them.
+    NEW_WS: this Triton's ``warp_specialize`` takes a list of (function, arguments)."""
+    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BN, _QK], gl.int16)
+    wg_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
+    wu_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
+    sg_s = gl.allocate_shared_memory(gl.uint8, [_STAGES, _BN, _SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    su_s = gl.allocate_shared_memory(gl.uint8, [_STAGES, _BN, _SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x0_s, x1_s, x2_s, x3_s = g._activation_rings(_STAGES, _BM, _QK)
+    full = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(_STAGES):
+        mbarrier.init(full.index(b), count=32 * _WARPS)  # the producer's threads
+        mbarrier.init(empty.index(b), count=1)
+    consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps)
+    producer = (
+        wg_s,
+        wu_s,
+        sg_s,
+        su_s,
+        x0_s,
+        x1_s,
+        x2_s,
+        x3_s,
+        full,
+        empty,
+        w_ptr,
+        ws_ptr,
+        x_ptr,
+        ids_ptr,
+        reps,
+        regions,
+    )
+    if NEW_WS:
+        if GATE_THEN_UP:
+            gl.warp_specialize([(_ws_consumer_gu, consumer), (_ws_producer, producer)], [_WARPS], [WS_REGS])
+        else:
+            gl.warp_specialize([(_ws_consumer, consumer), (_ws_producer, producer)], [_WARPS], [WS_REGS])
+    else:
+        if GATE_THEN_UP:
+            gl.warp_specialize(consumer, _ws_consumer_gu, producer, [_ws_producer], [_WARPS], [WS_REGS])
+        else:
+            gl.warp_specialize(consumer, _ws_consumer, producer, [_ws_producer], [_WARPS], [WS_REGS])
+
+
 def resident(kernel, sms_limit: int) -> int:
     """Programs per SM that registers, shared memory and warps let stay resident together (an H200: 65536
     registers, 227 KB of shared memory a SM for blocks, 64 warps)."""
-    by_regs = 65536 // (kernel.n_regs * 32 * WARPS) if kernel.n_regs else sms_limit
+    by_regs = 65536 // (kernel.n_regs * 32 * kernel.metadata.num_warps) if kernel.n_regs else sms_limit
     by_shared = (227 * 1024) // max(1, kernel.metadata.shared)
     return min(by_regs, by_shared, 64 // WARPS, sms_limit)
 
@@ -231,6 +365,49 @@ def main(out: Path) -> None:
                     ),
                     flush=True,
                 )
+    # The warp-specialized form (two stages only): its launch's register cap sets the programs per SM (64: consumers at
+    # 104 registers, four per SM; 80: 136, three; 104: 184, two), the interleaved order needing about 160.
+    new_ws = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+    for gate_then_up, cap in ((True, 64), (True, 80), (False, 104)) if STAGES == 2 else ():
+        for per_sm in (1, 2, 3, 4):
+            programs = per_sm * sms
+            outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
+            reps = 256
+
+            def launch_ws(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, cap=cap):
+                return decode_issue_ws_kernel[(programs,)](
+                    w,
+                    ws,
+                    x,
+                    ids,
+                    outs,
+                    reps,
+                    REGIONS,
+                    GATE_THEN_UP=gate_then_up,
+                    NEW_WS=new_ws,
+                    num_warps=WARPS,
+                    maxnreg=cap,
+                )
+
+            kernel = launch_ws()
+            torch.cuda.synchronize()
+            form = f"ws{cap}"
+            if per_sm > resident(kernel, 4):
+                print(f"  gate_then_up={gate_then_up} {form}: {per_sm} per SM do not fit ({kernel.n_regs} registers, "
+                      f"{kernel.metadata.num_warps} warps, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
+                continue
+            first = copied.get((gate_then_up, per_sm))
+            same = None if first is None else bool(torch.equal(first, outs))
+            ms = triton.testing.do_bench(launch_ws, warmup=10, rep=200, return_mode="median")
+            rate = programs * reps * 2 * BLOCK_N * BLOCK_K / (ms * 1e-3)
+            rows.append({"gate_then_up": gate_then_up, "form": form, "per_sm": per_sm, "registers": kernel.n_regs,
+                         "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
+                         "of_copy": rate * BYTES_PER_WEIGHT / bw, "same_bits_as_copies": same})  # fmt: skip
+            print(f"  gate_then_up={gate_then_up!s:5} {form:7s} {per_sm} per SM ({kernel.n_regs} regs at launch, "
+                  f"{kernel.metadata.shared} B): {ms * 1e3:8.1f} us, {rate / 1e12:5.2f}e12 weights/s = "
+                  f"{rate * BYTES_PER_WEIGHT / bw:.0%} of the copy bandwidth"
+                  + ("" if same is None else f" ({'same bits as' if same else 'OTHER BITS THAN'} the cp.async copies)"),
+                  flush=True)  # fmt: skip
     (out / f"decode_issue_s{STAGES}.json").write_text(
         json.dumps({"gpu": torch.cuda.get_device_name(dev), "triton": triton.__version__, "copy_Bps": bw,
                     "tile": f"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}-w{WARPS}-s{STAGES}-gl", "rows": rows}, indent=1) + "\n"
