@@ -42,6 +42,56 @@ REGIONS = 128  # copies of the operands (4 K steps each, 13 MB in all: within th
 
 
 @gluon.jit
+def _sources(w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             BLOCK_K: gl.constexpr, WARPS: gl.constexpr, HELD: gl.constexpr):  # fmt: skip
+    """This program's region and the pointers its copies read (as ``nvfp4_moe_gemm1_gluon_kernel`` builds them): the
+    packed words' and scale codes' rows of gate and up, their columns, the activation rows and their mask."""
+    QK: gl.constexpr = BLOCK_K // 4
+    SK: gl.constexpr = BLOCK_K // 16
+    region = (gl.program_id(0) % regions).to(gl.int64)
+    w_ptr += region * (2 * BLOCK_N * HELD * QK)
+    ws_ptr += region * (2 * BLOCK_N * HELD * SK)
+    x_ptr += region * (BLOCK_M * HELD * BLOCK_K)
+    wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
+    sc_l: gl.constexpr = g._scale_copy_layout(WARPS)
+    rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
+    rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
+    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, HELD * BLOCK_K, BLOCK_M, QK, WARPS)
+    wg_rows = w_ptr + rows_w * (HELD * QK)
+    wu_rows = w_ptr + (BLOCK_N + rows_w) * (HELD * QK)
+    sg_rows = ws_ptr + rows_s * (HELD * SK)
+    su_rows = ws_ptr + (BLOCK_N + rows_s) * (HELD * SK)
+    return region, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok
+
+
+@gluon.jit
+def _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
+            QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
+    """One K step from ring slot ``slot``, as ``nvfp4_moe_gemm1_gluon_kernel``'s loop computes it, waited for."""
+    x0 = x0_s.index(slot).permute((1, 0))
+    x1 = x1_s.index(slot).permute((1, 0))
+    x2 = x2_s.index(slot).permute((1, 0))
+    x3 = x3_s.index(slot).permute((1, 0))
+    if GATE_THEN_UP:
+        acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK, LOOKAHEAD,
+                                 a_l)  # fmt: skip
+        acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK, LOOKAHEAD,
+                                 a_l)  # fmt: skip
+    else:
+        pg = wg_s.index(slot).load(a_l)
+        pu = wu_s.index(slot).load(a_l)
+        sg = g._operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+        su = g._operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
+        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
+        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
+        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
+        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+
+
+@gluon.jit
 def decode_issue_kernel(
     w_ptr,  # [REGIONS, 2 * BLOCK_N, 2 * STAGES * BLOCK_K / 4] int16 packed codes (kernel_wgmma layout): gate, up rows
     ws_ptr,  # [REGIONS, 2 * BLOCK_N, 2 * STAGES * BLOCK_K / 16] uint8 scale codes
@@ -65,14 +115,11 @@ def decode_issue_kernel(
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
     HELD: gl.constexpr = 2 * STAGES  # K steps of data a region: the copies refill a slot with another step's
-    region = (gl.program_id(0) % regions).to(gl.int64)
-    w_ptr += region * (2 * BLOCK_N * HELD * QK)
-    ws_ptr += region * (2 * BLOCK_N * HELD * SK)
-    x_ptr += region * (BLOCK_M * HELD * BLOCK_K)
+    region, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _sources(
+        w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M, BLOCK_N, BLOCK_K, WARPS, HELD
+    )
     mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
     a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
-    wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
-    sc_l: gl.constexpr = g._scale_copy_layout(WARPS)
     wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
     wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -82,15 +129,6 @@ def decode_issue_kernel(
     sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
-    rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
-    rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
-    wg_rows = w_ptr + rows_w * (HELD * QK)
-    wu_rows = w_ptr + (BLOCK_N + rows_w) * (HELD * QK)
-    sg_rows = ws_ptr + rows_s * (HELD * SK)
-    su_rows = ws_ptr + (BLOCK_N + rows_s) * (HELD * SK)
-    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
-    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, HELD * BLOCK_K, BLOCK_M, QK, WARPS)
     for step in gl.static_range(STAGES):
         g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
                               sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
@@ -123,25 +161,8 @@ def decode_issue_kernel(
             cp.commit_group()
         elif BARRIER:
             g._cta_barrier()
-        x0 = x0_s.index(slot).permute((1, 0))
-        x1 = x1_s.index(slot).permute((1, 0))
-        x2 = x2_s.index(slot).permute((1, 0))
-        x3 = x3_s.index(slot).permute((1, 0))
-        if GATE_THEN_UP:
-            acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
-                                     LOOKAHEAD, a_l)  # fmt: skip
-            acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
-                                     LOOKAHEAD, a_l)  # fmt: skip
-        else:
-            pg = wg_s.index(slot).load(a_l)
-            pu = wu_s.index(slot).load(a_l)
-            sg = g._operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-            su = g._operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
-        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        acc_g, acc_u = _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
+                               LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
     cp.wait_group(0)
     if COPY and TMA:  # the words of the steps issued but not walked
         for j in range(gl.maximum(reps - STAGES + 1, 0), reps):
@@ -170,23 +191,8 @@ def _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out
     for i in range(reps):
         slot = i % _STAGES
         mbarrier.wait(full.index(slot), (i // _STAGES) & 1)
-        x0 = x0_s.index(slot).permute((1, 0))
-        x1 = x1_s.index(slot).permute((1, 0))
-        x2 = x2_s.index(slot).permute((1, 0))
-        x3 = x3_s.index(slot).permute((1, 0))
-        if GATE_THEN_UP:
-            acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, _BN, _QK, 1, a_l)
-            acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, _BN, _QK, 1, a_l)
-        else:
-            pg = wg_s.index(slot).load(a_l)
-            pu = wu_s.index(slot).load(a_l)
-            sg = g._operand_scales(sg_s.index(slot), _BN, _QK, a_l)
-            su = g._operand_scales(su_s.index(slot), _BN, _QK, a_l)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, 1)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, 1)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, 1)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, 1)
-        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        acc_g, acc_u = _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, _BN, _QK, 1,
+                               GATE_THEN_UP, a_l)  # fmt: skip
         g._cta_barrier()  # every consumer warp is done with the slot
         mbarrier.arrive(empty.index(slot))
     n = gl.arange(0, _BN, layout=gl.SliceLayout(1, mma))
@@ -211,21 +217,9 @@ def _ws_producer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_
     """The WS form's worker partition (a warp group, so that its registers can be given to the consumers): each K
     step's cp.async copies into its slot once ``empty`` says the consumers are done with it, each thread arriving on
     ``full`` when its copies land."""
-    region = (gl.program_id(0) % regions).to(gl.int64)
-    w_ptr += region * (2 * _BN * _HELD * _QK)
-    ws_ptr += region * (2 * _BN * _HELD * _SK)
-    x_ptr += region * (_BM * _HELD * _BK)
-    wc_l: gl.constexpr = g._copy_layout(_QK, _WARPS)
-    sc_l: gl.constexpr = g._scale_copy_layout(_WARPS)
-    rows_w = gl.arange(0, _BN, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
-    rows_s = gl.arange(0, _BN, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
-    wg_rows = w_ptr + rows_w * (_HELD * _QK)
-    wu_rows = w_ptr + (_BN + rows_w) * (_HELD * _QK)
-    sg_rows = ws_ptr + rows_s * (_HELD * _SK)
-    su_rows = ws_ptr + (_BN + rows_s) * (_HELD * _SK)
-    w_cols = gl.arange(0, _QK, layout=gl.SliceLayout(0, wc_l))
-    s_cols = gl.arange(0, _SK, layout=gl.SliceLayout(0, sc_l))
-    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, _BM, 1, _HELD * _BK, _BM, _QK, _WARPS)
+    _, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _sources(
+        w_ptr, ws_ptr, x_ptr, ids_ptr, regions, _BM, _BN, _BK, _WARPS, _HELD
+    )
     for i in range(reps):
         slot = i % _STAGES
         if i >= _STAGES:
