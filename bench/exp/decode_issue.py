@@ -1,16 +1,16 @@
 """Experiment: how fast the Gluon gemm1's K step runs when nothing has to arrive from memory.
 
-The shipped decode GEMMs
-move an expert's bytes at 70-82% of the H200's copy bandwidth at busy decode sizes, and at 86% (gemm1) with every byte
-already in L2 (``decode_ceiling.py``, run 38). Is that the K step's own instruction stream at the programs per SM the
-tiles allow, or the copies and the waits for them? This kernel runs the shipped K step (``nvfp4_moe_gluon``'s ring,
-decode, quarter wgmmas and waits, in either order of gate and up) over K steps already in shared memory: each program
-copies STAGES K steps of one tile once, then walks them ``reps`` times with no copy, with or without the CTA barrier
-each real K step starts with; and, to price the copies, with the real ring's copies and waits at each step as well
-(refilling the freed slot from the program's own STAGES steps, which stay in L2: REGIONS copies of the data, so that
-the programs do not all read the same lines). Decoded weights a second against the rate at which
-the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4 programs per
-SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
+The shipped decode GEMMs move an expert's bytes at 70-82% of the H200's copy bandwidth at busy decode sizes, and at
+86% (gemm1) with every byte already in L2 (``decode_ceiling.py``, run 38). Is that the K step's own instruction stream
+at the programs per SM the tiles allow, or the copies and the waits for them? This kernel runs the shipped K step
+(``nvfp4_moe_gluon``'s ring, decode, quarter wgmmas and waits, in either order of gate and up) over K steps already in
+shared memory: each program copies STAGES K steps of one tile once, then walks them ``reps`` times with no copy, with
+or without the CTA barrier each real K step starts with; and, to price the copies, with the real ring's copies and
+waits at each step as well (refilling the freed slot with another of the program's own 2 * STAGES K steps, which stay
+in L2: REGIONS copies of the data, so that the programs do not all read the same lines); with the packed words by TMA;
+and with the copies issued by a warp group of their own (warp specialization). Decoded weights a second against the
+rate at which the copy bandwidth would deliver them (NVFP4: 0.5625 bytes a weight with its block scale); grids of 1-4
+programs per SM, each as many as registers and shared memory keep resident. Nothing here runs in the op.
 Usage: python bench/exp/decode_issue.py OUT_DIR   (EXP_STAGES: the ring's depth, default 2)
 """
 
@@ -109,7 +109,7 @@ def decode_issue_kernel(
     LOOKAHEAD: gl.constexpr,
     GATE_THEN_UP: gl.constexpr,
     BARRIER: gl.constexpr,  # a CTA barrier at each K step, as the real ring's
-    COPY: gl.constexpr,  # the real ring's copies too: each K step refills the slot freed, from the same STAGES steps
+    COPY: gl.constexpr,  # the real ring's copies too: each K step refills the slot freed with another of HELD steps
     TMA: gl.constexpr,  # with COPY: the packed words by TMA (a box a matrix, an mbarrier a slot), the rest by cp.async
 ):  # fmt: skip
     QK: gl.constexpr = BLOCK_K // 4
@@ -249,24 +249,8 @@ def decode_issue_ws_kernel(
         mbarrier.init(full.index(b), count=32 * _WARPS)  # the producer's threads
         mbarrier.init(empty.index(b), count=1)
     consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps)
-    producer = (
-        wg_s,
-        wu_s,
-        sg_s,
-        su_s,
-        x0_s,
-        x1_s,
-        x2_s,
-        x3_s,
-        full,
-        empty,
-        w_ptr,
-        ws_ptr,
-        x_ptr,
-        ids_ptr,
-        reps,
-        regions,
-    )
+    producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_ptr, ws_ptr, x_ptr, ids_ptr, reps,
+                regions)  # fmt: skip
     if NEW_WS:
         if GATE_THEN_UP:
             gl.warp_specialize([(_ws_consumer_gu, consumer), (_ws_producer, producer)], [_WARPS], [WS_REGS])
@@ -282,9 +266,35 @@ def decode_issue_ws_kernel(
 def resident(kernel, sms_limit: int) -> int:
     """Programs per SM that registers, shared memory and warps let stay resident together (an H200: 65536
     registers, 227 KB of shared memory a SM for blocks, 64 warps)."""
-    by_regs = 65536 // (kernel.n_regs * 32 * kernel.metadata.num_warps) if kernel.n_regs else sms_limit
+    warps = kernel.metadata.num_warps
+    by_regs = 65536 // (kernel.n_regs * 32 * warps) if kernel.n_regs else sms_limit
     by_shared = (227 * 1024) // max(1, kernel.metadata.shared)
-    return min(by_regs, by_shared, 64 // WARPS, sms_limit)
+    return min(by_regs, by_shared, 64 // warps, sms_limit)
+
+
+def measure(launch, programs: int, per_sm: int, reps: int, bw: float, row: dict, reference):
+    """Run ``launch(outs)`` once (it compiles; its accumulators are compared with ``reference``'s bits when given),
+    then time it unless ``per_sm`` programs a SM do not fit. Returns (``row`` with the time, the rate and the bit
+    check, printed; None when they do not fit) and the accumulators of the first run."""
+    outs = torch.empty(programs, BLOCK_N, BLOCK_M, device="cuda", dtype=torch.float32)
+    kernel = launch(outs)
+    torch.cuda.synchronize()
+    if not torch.isfinite(outs).all():
+        raise RuntimeError("decode_issue: non-finite accumulators (a scale code out of range?)")
+    same = None if reference is None else bool(torch.equal(reference, outs))
+    label = f"  gate_then_up={row['gate_then_up']!s:5} {row['form']:7s} {per_sm} per SM"
+    resources = f"{kernel.n_regs} registers, {kernel.metadata.num_warps} warps, {kernel.metadata.shared} B"
+    if per_sm > resident(kernel, 4):
+        print(f"{label}: do not fit ({resources})", flush=True)
+        return None, outs
+    ms = triton.testing.do_bench(lambda: launch(outs), warmup=10, rep=200, return_mode="median")
+    rate = programs * reps * 2 * BLOCK_N * BLOCK_K / (ms * 1e-3)
+    row.update(per_sm=per_sm, registers=kernel.n_regs, shared=kernel.metadata.shared, ms=ms, weights_per_s=rate,
+               of_copy=rate * BYTES_PER_WEIGHT / bw, same_bits_as_copies=same)  # fmt: skip
+    bits = "" if same is None else f" ({'same bits as' if same else 'OTHER BITS THAN'} the cp.async copies)"
+    print(f"{label} ({resources}): {ms * 1e3:8.1f} us, {rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the "
+          f"copy bandwidth{bits}", flush=True)  # fmt: skip
+    return row, outs
 
 
 def main(out: Path) -> None:
@@ -309,99 +319,43 @@ def main(out: Path) -> None:
         f"{bw / BYTES_PER_WEIGHT / 1e12:.2f}e12 NVFP4 weights/s; triton {triton.__version__}",
         flush=True,
     )
+    reps = 256
     rows = []
     copied = {}  # (gate_then_up, per_sm) -> the first copying form's accumulators: the others must match its bits
     for gate_then_up in (False, True):
+        opts = {"maxnreg": 128} if gate_then_up else {}  # as the op compiles the 2-stage gate-then-up tile
         for form, (barrier, copy, use_tma) in FORMS.items():
             for per_sm in (1, 2, 3, 4):
-                programs = per_sm * sms
-                outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
-                reps = 256
-                opts = {"maxnreg": 128} if gate_then_up else {}  # as the op compiles the 2-stage gate-then-up tile
 
-                def launch(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, barrier=barrier,
-                           copy=copy, use_tma=use_tma, opts=opts):  # fmt: skip
+                def launch(outs, programs=per_sm * sms, gate_then_up=gate_then_up, barrier=barrier, copy=copy,
+                           use_tma=use_tma, opts=opts):  # fmt: skip
                     return decode_issue_kernel[(programs,)](
                         w, ws, x, ids, outs, w_desc, reps, REGIONS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                         WARPS=WARPS, STAGES=STAGES, LOOKAHEAD=1, GATE_THEN_UP=gate_then_up, BARRIER=barrier,
-                        COPY=copy, TMA=use_tma, num_warps=WARPS,
-                        **opts,
+                        COPY=copy, TMA=use_tma, num_warps=WARPS, **opts,
                     )  # fmt: skip
 
-                kernel = launch()
-                torch.cuda.synchronize()
-                fits = resident(kernel, 4)
-                if not torch.isfinite(outs).all():
-                    raise RuntimeError("decode_issue: non-finite accumulators (a scale code out of range?)")
-                same = None
-                if copy:  # the copies bring other K steps than the slots held: a wait too early shows in the bits
-                    first = copied.setdefault((gate_then_up, per_sm), outs.clone())
-                    same = bool(torch.equal(first, outs))
-                if per_sm > fits:
-                    print(f"  gate_then_up={gate_then_up} {form}: {per_sm} per SM do not fit "
-                          f"({kernel.n_regs} registers, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
-                    continue
-                ms = triton.testing.do_bench(launch, warmup=10, rep=200, return_mode="median")
-                weights = programs * reps * 2 * BLOCK_N * BLOCK_K
-                rate = weights / (ms * 1e-3)
-                row = {"gate_then_up": gate_then_up, "form": form, "per_sm": per_sm, "registers": kernel.n_regs,
-                       "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
-                       "of_copy": rate * BYTES_PER_WEIGHT / bw, "same_bits_as_copies": same}  # fmt: skip
-                rows.append(row)
-                print(
-                    f"  gate_then_up={gate_then_up!s:5} {form:7s} {per_sm} per SM "
-                    f"({kernel.n_regs} regs, {kernel.metadata.shared} B): {ms * 1e3:8.1f} us, "
-                    f"{rate / 1e12:5.2f}e12 weights/s = {row['of_copy']:.0%} of the copy bandwidth"
-                    + (
-                        ""
-                        if same is None
-                        else f" ({'same bits as' if same else 'OTHER BITS THAN'} the cp.async copies)"
-                    ),
-                    flush=True,
-                )
+                # the copies bring other K steps than the slots held: a wait too early shows in the bits
+                reference = copied.get((gate_then_up, per_sm)) if copy else None
+                row, outs = measure(launch, per_sm * sms, per_sm, reps, bw, {"gate_then_up": gate_then_up,
+                                    "form": form}, reference)  # fmt: skip
+                if copy and reference is None:
+                    copied[(gate_then_up, per_sm)] = outs
+                rows += [row] if row else []
     # The warp-specialized form (two stages only): its launch's register cap sets the programs per SM (64: consumers at
     # 104 registers, four per SM; 80: 136, three; 104: 184, two), the interleaved order needing about 160.
     new_ws = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
     for gate_then_up, cap in ((True, 64), (True, 80), (False, 104)) if STAGES == 2 else ():
         for per_sm in (1, 2, 3, 4):
-            programs = per_sm * sms
-            outs = torch.empty(programs, BLOCK_N, BLOCK_M, device=dev, dtype=torch.float32)
-            reps = 256
 
-            def launch_ws(reps=reps, programs=programs, outs=outs, gate_then_up=gate_then_up, cap=cap):
-                return decode_issue_ws_kernel[(programs,)](
-                    w,
-                    ws,
-                    x,
-                    ids,
-                    outs,
-                    reps,
-                    REGIONS,
-                    GATE_THEN_UP=gate_then_up,
-                    NEW_WS=new_ws,
-                    num_warps=WARPS,
-                    maxnreg=cap,
-                )
+            def launch_ws(outs, programs=per_sm * sms, gate_then_up=gate_then_up, cap=cap):
+                return decode_issue_ws_kernel[(programs,)](w, ws, x, ids, outs, reps, REGIONS,
+                                                           GATE_THEN_UP=gate_then_up, NEW_WS=new_ws, num_warps=WARPS,
+                                                           maxnreg=cap)  # fmt: skip
 
-            kernel = launch_ws()
-            torch.cuda.synchronize()
-            form = f"ws{cap}"
-            if per_sm > resident(kernel, 4):
-                print(f"  gate_then_up={gate_then_up} {form}: {per_sm} per SM do not fit ({kernel.n_regs} registers, "
-                      f"{kernel.metadata.num_warps} warps, {kernel.metadata.shared} B)", flush=True)  # fmt: skip
-                continue
-            first = copied.get((gate_then_up, per_sm))
-            same = None if first is None else bool(torch.equal(first, outs))
-            ms = triton.testing.do_bench(launch_ws, warmup=10, rep=200, return_mode="median")
-            rate = programs * reps * 2 * BLOCK_N * BLOCK_K / (ms * 1e-3)
-            rows.append({"gate_then_up": gate_then_up, "form": form, "per_sm": per_sm, "registers": kernel.n_regs,
-                         "shared": kernel.metadata.shared, "ms": ms, "weights_per_s": rate,
-                         "of_copy": rate * BYTES_PER_WEIGHT / bw, "same_bits_as_copies": same})  # fmt: skip
-            print(f"  gate_then_up={gate_then_up!s:5} {form:7s} {per_sm} per SM ({kernel.n_regs} regs at launch, "
-                  f"{kernel.metadata.shared} B): {ms * 1e3:8.1f} us, {rate / 1e12:5.2f}e12 weights/s = "
-                  f"{rate * BYTES_PER_WEIGHT / bw:.0%} of the copy bandwidth"
-                  + ("" if same is None else f" ({'same bits as' if same else 'OTHER BITS THAN'} the cp.async copies)"),
-                  flush=True)  # fmt: skip
+            row, _ = measure(launch_ws, per_sm * sms, per_sm, reps, bw, {"gate_then_up": gate_then_up,
+                             "form": f"ws{cap}"}, copied.get((gate_then_up, per_sm)))  # fmt: skip
+            rows += [row] if row else []
     (out / f"decode_issue_s{STAGES}.json").write_text(
         json.dumps({"gpu": torch.cuda.get_device_name(dev), "triton": triton.__version__, "copy_Bps": bw,
                     "tile": f"{BLOCK_M}x{BLOCK_N}x{BLOCK_K}-w{WARPS}-s{STAGES}-gl", "rows": rows}, indent=1) + "\n"
