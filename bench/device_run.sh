@@ -35,8 +35,13 @@ if [[ $STEPS == *sweep* ]]; then
   python3 bench/sweep_configs.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || rc=1
 fi
 if [[ $STEPS == *exp* ]]; then
-  # A one-off experiment script: EXP=bench/exp/NAME.py, given $OUT.
-  python3 "${EXP:?EXP=path of the experiment script}" "$OUT" 2>&1 | tee "$OUT/exp.log" || rc=1
+  # One-off experiment scripts, each given $OUT: EXP=bench/exp/NAME.py (log exp.log), or several, comma-separated, in
+  # that order (logs exp_NAME.log).
+  IFS=, read -ra scripts <<< "${EXP:?EXP=path of the experiment script}"
+  for script in "${scripts[@]}"; do
+    log=exp.log; (( ${#scripts[@]} > 1 )) && log="exp_$(basename "$script" .py).log"
+    python3 "$script" "$OUT" 2>&1 | tee "$OUT/$log" || rc=1
+  done
 fi
 if [[ $STEPS == *tune* ]]; then
   # Measured configs for this GPU into the user cache (which the op then reads), copied to $OUT. TUNE_BATCHES: tokens

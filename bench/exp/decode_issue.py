@@ -14,7 +14,6 @@ programs per SM, each as many as registers and shared memory keep resident. Noth
 Usage: python bench/exp/decode_issue.py OUT_DIR   (EXP_STAGES: the ring's depth, default 2)
 """
 
-import inspect
 import json
 import os
 import sys
@@ -178,7 +177,6 @@ def decode_issue_kernel(
 _BM, _BN, _BK, _WARPS = gl.constexpr(BLOCK_M), gl.constexpr(BLOCK_N), gl.constexpr(BLOCK_K), gl.constexpr(WARPS)
 _STAGES = gl.constexpr(STAGES)
 _QK, _SK, _HELD = gl.constexpr(BLOCK_K // 4), gl.constexpr(BLOCK_K // 16), gl.constexpr(2 * STAGES)
-WS_REGS = gl.constexpr(48)  # the producer warp group's registers a thread (setmaxnreg); the consumers get the rest
 
 
 @gluon.jit
@@ -232,11 +230,12 @@ def _ws_producer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_
 @gluon.jit
 def decode_issue_ws_kernel(
     w_ptr, ws_ptr, x_ptr, ids_ptr, out_ptr, reps, regions,  # as decode_issue_kernel's
-    GATE_THEN_UP: gl.constexpr, NEW_WS: gl.constexpr,
+    GATE_THEN_UP: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,  # the producer warp group's registers a thread (setmaxnreg); consumers get the rest
 ):  # fmt: skip
     """The K step with its copies issued by warps of their own (warp specialization): WARPS consumer warps decode and
-    multiply, WARPS producer warps copy (WS_REGS registers each), ``full`` and ``empty`` mbarriers a slot between them.
-    NEW_WS: this Triton's ``warp_specialize`` takes a list of (function, arguments)."""
+    multiply, WARPS producer warps copy (PRODUCER_REGS registers each), ``full`` and ``empty`` mbarriers a slot between
+    them. (``warp_specialize`` takes a list of (function, arguments) in Triton 3.6 and 3.8.)"""
     w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BN, _QK], gl.int16)
     wg_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
     wu_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
@@ -251,16 +250,10 @@ def decode_issue_ws_kernel(
     consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps)
     producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_ptr, ws_ptr, x_ptr, ids_ptr, reps,
                 regions)  # fmt: skip
-    if NEW_WS:
-        if GATE_THEN_UP:
-            gl.warp_specialize([(_ws_consumer_gu, consumer), (_ws_producer, producer)], [_WARPS], [WS_REGS])
-        else:
-            gl.warp_specialize([(_ws_consumer, consumer), (_ws_producer, producer)], [_WARPS], [WS_REGS])
+    if GATE_THEN_UP:
+        gl.warp_specialize([(_ws_consumer_gu, consumer), (_ws_producer, producer)], [_WARPS], [PRODUCER_REGS])
     else:
-        if GATE_THEN_UP:
-            gl.warp_specialize(consumer, _ws_consumer_gu, producer, [_ws_producer], [_WARPS], [WS_REGS])
-        else:
-            gl.warp_specialize(consumer, _ws_consumer, producer, [_ws_producer], [_WARPS], [WS_REGS])
+        gl.warp_specialize([(_ws_consumer, consumer), (_ws_producer, producer)], [_WARPS], [PRODUCER_REGS])
 
 
 def resident(kernel, sms_limit: int) -> int:
@@ -342,15 +335,17 @@ def main(out: Path) -> None:
                 if copy and reference is None:
                     copied[(gate_then_up, per_sm)] = outs
                 rows += [row] if row else []
-    # The warp-specialized form (two stages only): its launch's register cap sets the programs per SM (64: consumers at
-    # 104 registers, four per SM; 80: 136, three; 104: 184, two), the interleaved order needing about 160.
-    new_ws = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
-    for gate_then_up, cap in ((True, 64), (True, 80), (False, 104)) if STAGES == 2 else ():
+    # The warp-specialized form (two stages only): its launch's register cap sets the programs per SM and, less the
+    # producer's registers, the consumers' in their partition (the PTX's setmaxnreg, sm_90 AOT): 64 four per SM, the
+    # consumers at 96 beside a producer of 32; 80 three, at 112 beside 48; 104 two, at 160 beside 48 (the interleaved
+    # order needs about 160).
+    for gate_then_up, cap, producer_regs in ((True, 64, 32), (True, 80, 48), (False, 104, 48)) if STAGES == 2 else ():
         for per_sm in (1, 2, 3, 4):
 
-            def launch_ws(outs, programs=per_sm * sms, gate_then_up=gate_then_up, cap=cap):
+            def launch_ws(outs, programs=per_sm * sms, gate_then_up=gate_then_up, cap=cap, producer_regs=producer_regs):
                 return decode_issue_ws_kernel[(programs,)](w, ws, x, ids, outs, reps, REGIONS,
-                                                           GATE_THEN_UP=gate_then_up, NEW_WS=new_ws, num_warps=WARPS,
+                                                           GATE_THEN_UP=gate_then_up, PRODUCER_REGS=producer_regs,
+                                                           num_warps=WARPS,
                                                            maxnreg=cap)  # fmt: skip
 
             row, _ = measure(launch_ws, per_sm * sms, per_sm, reps, bw, {"gate_then_up": gate_then_up,
