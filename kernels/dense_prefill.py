@@ -12,7 +12,7 @@ applied to the GEMM outputs instead, so dequantization adds no rounding.
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import code_of_word, e2m1_nibbles_to_f16
+from sglang_glm5.kernels.nvfp4_decode import code_of_word, e2m1_nibbles_to_f16
 
 
 @triton.jit

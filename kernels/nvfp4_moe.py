@@ -28,36 +28,14 @@ tile, each K step does four quarter-width dots: nibble q of every word against a
 4c + q (a dot product does not care in which order K is summed). To make those activation loads
 contiguous, activations are stored with each group of 32 K columns permuted to
 [0, 4, ..., 28, 1, 5, ..., 29, 2, ..., 30, 3, ..., 31]: columns 4c + q of a group are 8 adjacent
-values, one 16-byte load (``prepare_activations_kernel`` for x; gemm1 writes h that way). Weights in the
+values, one 16-byte load (``nvfp4_route.prepare_activations_kernel`` for x; gemm1 writes h that way). Weights in the
 "kernel_wgmma" layout (LAYOUT 2) hold in word slot 8h + 2b + i of each 16 the word 4b + 2h + i, so the
 activations follow in a K order of period 64: column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i
 (``_permuted_column``), so that a quarter's columns of a group are 16 adjacent values: whole 32-byte sectors
 (runs of 8 fetch every sector of the row twice, once for each of two quarters' 16-byte halves).
 
-Decode (``_decode_nvfp4``): a nibble's three magnitude bits placed at the bottom of the 16-bit
-type's exponent and the top of its mantissa, and its sign at bit 15, are exactly e2m1 * 2^-14
-(fp16) or e2m1 * 2^-126 (bf16), subnormals included. Times the block scale, converted once per
-group of 16 to scale * 2^7 (fp16) or scale * 2^119 (bf16), that gives e2m1 * scale * 2^-7 in both
-types, exact (at most 6 significant bits, >= 2^-17). On the GPU this is inline PTX on 32-bit
-registers holding two words, one call per code position: shifts and ands / lop3s place both lanes,
-and one packed multiply applies the scales. With LAYOUT 0 every output depends only on the word and
-scale at its own position, so the result is right in whatever register layout the compiler gives the
-tile. With LAYOUT 1 the asm takes one 32-bit scale code per register and applies it to both words:
-right when a register's two words are adjacent words of one row (the same block of 16), which holds
-in the dot-operand layouts Triton gives the tile (kWidth 2 on sm_90, 4 on sm_120; checked in the
-TTGIR of both) and which the GPU tests of both layouts would catch. The epilogue multiplies by
-global_scale * 2^7 (``DECODE_UNSCALE``).
-
-``LAYOUT`` says where the codes' bits sit in a word and what the block scales are: 0, the
-checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8
-codes, about 5 instructions per scale); 1, the kernel layout that ``nvfp4.to_kernel_layout`` writes once
-at load time (11 per register for a bf16 decode, 15 for fp16, and one multiply-add per scale code).
-gemm1 16x128x256-w4-s3 for sm_90 (Triton 3.6): 1361 instructions a K step against 1817. 2,
-"kernel_wgmma": layout 1 with the words of each group of 16 reordered so that the four words a wgmma
-register operand gives a thread (2t, 2t + 1, 2t + 8, 2t + 9) are one block's: the compiler loads and
-expands one scale code for the two registers (sm_90, Triton 3.8: 1310 instructions a K step against 1374,
-232 registers against 251). SM120's mma.sync operand already gives a thread four adjacent words, so there
-layout 1 is the one (layout 2 would take 1629 against 1532).
+The weight decode and the four quarter-width dots of a K step are ``nvfp4_decode``'s; the routing sort, the
+activations' permutation and the top-k sum are ``nvfp4_route``'s.
 
 ``INTERPRETER`` works around faults of the Triton interpreter (TRITON_INTERPRET=1, used by the
 CPU tests): inline PTX cannot run there, so the decode is the same arithmetic in Triton ops; bf16
@@ -69,82 +47,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from sglang_glm5.nvfp4 import WORD_BITS
-
-# Weights are decoded as value * 2^-7: the epilogue multiplies by 2^7.
-DECODE_UNSCALE = 2.0**7
-
-# Inputs: $1 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
-# holding 4 codes = K elements 4c .. 4c + 3; $2 = their block scales as a packed pair of 16-bit floats
-# (checkpoint layout) or of scale codes (kernel layout, ``nvfp4.scale_codes``). Output = the pair
-# (code q of element c, code q of element c + 1): the two lanes are 16 bits apart in the input as in the
-# output, so one shift moves both.
-
-
-def decode_ptx(bf16: bool, q: int, layout: int) -> str:
-    # Where code q's bits go: magnitude (mantissa, exponent low, exponent high) at bits 6-8 (bf16) or
-    # 9-11 (fp16), sign at 15; where they are: nvfp4.WORD_BITS. Bits that move by the same shift go
-    # together: one shift (none for 0) and one and / lop3 each.
-    target = (6, 7, 8, 15) if bf16 else (9, 10, 11, 15)
-    shifts: dict[int, int] = {}
-    for src, dst in zip(WORD_BITS[layout][q], target, strict=True):
-        shifts[dst - src] = shifts.get(dst - src, 0) | (1 << dst) | (1 << (dst + 16))
-    lines = ["{", ".reg .b32 m, t, s, z;", "mov.b32 z, 0x80008000;"]  # z = (-0, -0): x * y + z = x * y
-    if layout == 0:
-        lines.append("mov.b32 s, $2;")
-    else:  # code * 16 + 0x7600 = scale * 2^119 (bf16), code * 128 + 0x3000 = scale * 2^7 (fp16), per lane
-        # $2 is one 32-bit code (both words of a register share their block): one multiply-add fills both lanes
-        mad = "0x00100010, 0x76007600" if bf16 else "0x00800080, 0x30003000"
-        lines.append(f"mad.lo.u32 s, $2, {mad};")
-    for i, (shift, mask) in enumerate(sorted(shifts.items(), key=lambda kv: kv[0] != 0)):
-        word = "$1" if shift == 0 else "t"
-        if shift:
-            lines.append(f"shl.b32 t, $1, {shift};" if shift > 0 else f"shr.b32 t, $1, {-shift};")
-        # the first group: m = word & mask; the next: m |= word & mask (lop3 0xF8: a | (b & c))
-        lines.append(f"and.b32 m, {word}, {mask:#010x};" if i == 0 else f"lop3.b32 m, m, {word}, {mask:#010x}, 0xF8;")
-    # fma rather than mul: mul.bf16x2 needs sm_90, fma.rn.bf16x2 sm_80.
-    lines.append(f"fma.rn.{'bf16x2' if bf16 else 'f16x2'} $0, m, s, z;")
-    return "\n".join(lines + ["}"])
-
-
-# _DECODE_PTX[layout * 8 + bf16 * 4 + q]
-_DECODE_PTX = tl.constexpr(
-    tuple(decode_ptx(bf16, q, layout) for layout in range(len(WORD_BITS)) for bf16 in (False, True) for q in range(4))
-)
-# Bit positions of code q's mantissa, exponents and sign: _WORD_BITS[layout * 16 + q * 4 + role]
-_WORD_BITS = tl.constexpr(tuple(bit for layout in WORD_BITS for code in layout for bit in code))
-
-
-@triton.jit
-def _decode_asm(packed, scale, PTX: tl.constexpr, F16: tl.constexpr, CODES: tl.constexpr):
-    """One quarter (one code position) of a packed tile, decoded and scaled by ``_DECODE_PTX[PTX]``.
-
-    One call per quarter rather than one four-output call: Triton 3.8 gave a four-output call's
-    results two layouts, decoding in both and sending three quarters through shared memory on their
-    way to the dot (gemm1 16x128x256-w4-s3 for sm_120: 139264 B of shared memory against 90112, 2540
-    instructions a K step against 1889; Triton 3.6 compiles both forms alike)."""
-    # CODES: int32 scale codes, two registers per call ($2, $3; the same code); else a packed 16-bit pair
-    return tl.inline_asm_elementwise(
-        _DECODE_PTX[PTX], "=r,r,r,r" if CODES else "=r,r,r", [packed, scale], dtype=tl.float16 if F16 else tl.bfloat16,
-        is_pure=True, pack=2,
-    )  # fmt: skip
-
-
-@triton.jit
-def code_of_word(packed, Q: tl.constexpr, LAYOUT: tl.constexpr):
-    """int16 words -> code Q of each (0..15), from the layout's bit positions (interpreter path)."""
-    base: tl.constexpr = LAYOUT * 16 + Q * 4
-    code = (packed >> _WORD_BITS[base]) & 1
-    code |= ((packed >> _WORD_BITS[base + 1]) & 1) << 1
-    code |= ((packed >> _WORD_BITS[base + 2]) & 1) << 2
-    return code | (((packed >> _WORD_BITS[base + 3]) & 1) << 3)
-
-
-@triton.jit
-def e2m1_nibbles_to_f16(nib):
-    """int16 nibbles (0..15) -> fp16 e2m1 value * 2^-14."""
-    bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
-    return bits.to(tl.float16, bitcast=True)
+from sglang_glm5.kernels.nvfp4_decode import load_quarters, nvfp4_dot
 
 
 @triton.jit
@@ -198,132 +101,6 @@ def await_block(ready_ptr, pid_m, tiles, READY: tl.constexpr):
             pass
 
 
-@triton.jit
-def _decode_nvfp4(
-    packed,  # [BLOCK_N, BLOCK_K // 4] int16, four e2m1 codes per element (K elements 4c .. 4c + 3)
-    sbyte,  # [BLOCK_N, BLOCK_K // 16] uint8: e4m3 block scales (LAYOUT 0) or scale codes (LAYOUT 1, 2)
-    DTYPE: tl.constexpr,  # tl.bfloat16 or tl.float16: the activations' type
-    LAYOUT: tl.constexpr,  # 0: the checkpoint's; 1, 2: the kernel layouts (nvfp4.to_kernel_layout)
-    INTERPRETER: tl.constexpr,
-):
-    """-> four [BLOCK_N, BLOCK_K // 4] tiles, tile q holding K elements 4c + q: e2m1 * scale * 2^-7
-    (DTYPE on the GPU, fp32 in the interpreter)."""
-    BLOCK_N: tl.constexpr = packed.shape[0]
-    QUARTER: tl.constexpr = packed.shape[1]
-    F16: tl.constexpr = INTERPRETER or DTYPE == tl.float16
-    if LAYOUT >= 1:
-        # a scale code (nvfp4.scale_codes); the asm turns it into a 16-bit float (the interpreter here)
-        if INTERPRETER:
-            scale = (sbyte.to(tl.int16) * 128 + 0x3000).to(tl.float16, bitcast=True)  # scale * 2^7
-        else:
-            scale = sbyte.to(tl.int32)
-    else:
-        # e4m3 byte placed into an fp16 is scale * 2^-8, exactly, subnormals included. The sign bit is
-        # dropped: block scales are >= 0.
-        scale = ((sbyte.to(tl.int16) << 7) & 0x3F80).to(tl.float16, bitcast=True)
-        if F16:
-            scale = scale * 32768.0  # scale * 2^7 <= 57344: exact in fp16
-        else:
-            scale = (scale.to(tl.float32) * 1.7014118346046923e38).to(tl.bfloat16)  # * 2^127: scale * 2^119
-    if LAYOUT == 2:  # "kernel_wgmma": block b of each 16 words is word slots 2b, 2b + 1, 2b + 8, 2b + 9
-        scale = tl.reshape(scale, (BLOCK_N, QUARTER // 16, 1, 4, 1))
-        scale = tl.reshape(tl.broadcast_to(scale, (BLOCK_N, QUARTER // 16, 2, 4, 2)), (BLOCK_N, QUARTER))
-    else:  # block b is words 4b .. 4b + 3
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, QUARTER // 4, 4)), (BLOCK_N, QUARTER))
-    if INTERPRETER:  # the same values through fp16 arithmetic
-        q0 = (e2m1_nibbles_to_f16(code_of_word(packed, 0, LAYOUT)) * scale).to(tl.float32)
-        q1 = (e2m1_nibbles_to_f16(code_of_word(packed, 1, LAYOUT)) * scale).to(tl.float32)
-        q2 = (e2m1_nibbles_to_f16(code_of_word(packed, 2, LAYOUT)) * scale).to(tl.float32)
-        q3 = (e2m1_nibbles_to_f16(code_of_word(packed, 3, LAYOUT)) * scale).to(tl.float32)
-        return q0, q1, q2, q3
-    else:
-        base: tl.constexpr = LAYOUT * 8 + (0 if F16 else 4)
-        q0 = _decode_asm(packed, scale, base, F16, LAYOUT >= 1)
-        q1 = _decode_asm(packed, scale, base + 1, F16, LAYOUT >= 1)
-        q2 = _decode_asm(packed, scale, base + 2, F16, LAYOUT >= 1)
-        q3 = _decode_asm(packed, scale, base + 3, F16, LAYOUT >= 1)
-        return q0, q1, q2, q3
-
-
-@triton.jit
-def _load_quarters(
-    rows_ptr,  # [BLOCK_M] pointers to activation rows in the permuted K order
-    k0,
-    row_ok,  # [BLOCK_M]
-    K,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    """-> four [BLOCK_K // 4, BLOCK_M] tiles of K step k0, transposed; tile q holds K columns 4c + q."""
-    # a quarter's adjacent columns: 16 in the kernel_wgmma K order (period 64), else 8 (period 32)
-    RUN: tl.constexpr = 8 + 8 * (LAYOUT == 2)
-    cols = tl.arange(0, BLOCK_K // 4)
-    # the column of word slot c's code 0 (in its group of 4 * RUN positions); code q's lies RUN * q further
-    pos = k0 + (cols // RUN) * (4 * RUN) + cols % RUN
-    mask = row_ok[None, :] if EVEN_K else row_ok[None, :] & (pos < K)[:, None]
-    ptrs = rows_ptr[None, :] + pos[:, None]
-    x0 = tl.load(ptrs, mask=mask, other=0.0)
-    x1 = tl.load(ptrs + RUN, mask=mask, other=0.0)
-    x2 = tl.load(ptrs + 2 * RUN, mask=mask, other=0.0)
-    x3 = tl.load(ptrs + 3 * RUN, mask=mask, other=0.0)
-    if INTERPRETER:
-        return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
-    else:
-        return x0, x1, x2, x3
-
-
-@triton.jit
-def _weight_tile(
-    w_rows_ptr,  # [BLOCK_N] int16 pointers to the first packed element of each weight row
-    s_rows_ptr,  # [BLOCK_N] pointers to the first scale byte of each weight row
-    k0,
-    K,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DTYPE: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    """Load and decode K step k0 of BLOCK_N weight rows -> four [BLOCK_N, BLOCK_K // 4] tiles (_decode_nvfp4)."""
-    # k0 is a multiple of BLOCK_K (>= 64): the hints let the loads be 16-byte vectors.
-    elems = tl.multiple_of(k0 // 4, 16) + tl.arange(0, BLOCK_K // 4)
-    groups = tl.multiple_of(k0 // 16, BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-    if EVEN_K:
-        packed = tl.load(w_rows_ptr[:, None] + elems[None, :])
-        sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :])
-    else:
-        packed = tl.load(w_rows_ptr[:, None] + elems[None, :], mask=(elems < K // 4)[None, :], other=0)
-        sbyte = tl.load(s_rows_ptr[:, None] + groups[None, :], mask=(groups < K // 16)[None, :], other=0)
-    return _decode_nvfp4(packed, sbyte, DTYPE, LAYOUT, INTERPRETER)
-
-
-@triton.jit
-def _nvfp4_dot(
-    acc,  # [BLOCK_N, BLOCK_M] fp32
-    w_rows_ptr,  # [BLOCK_N] int16 pointers to the weight rows
-    s_rows_ptr,  # [BLOCK_N] pointers to their scale rows
-    x0,  # [BLOCK_K // 4, BLOCK_M] activation columns 4c + 0 of K step k0 (_load_quarters)
-    x1,
-    x2,
-    x3,
-    k0,
-    K,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    LAYOUT: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-):
-    """acc + (decoded weights of K step k0) @ (activations of K step k0): four quarter-width dots."""
-    DTYPE: tl.constexpr = x0.dtype
-    w0, w1, w2, w3 = _weight_tile(w_rows_ptr, s_rows_ptr, k0, K, BLOCK_K, EVEN_K, DTYPE, LAYOUT, INTERPRETER)
-    acc = tl.dot(w0, x0, acc)
-    acc = tl.dot(w1, x1, acc)
-    acc = tl.dot(w2, x2, acc)
-    return tl.dot(w3, x3, acc)
-
-
 # The GEMM kernels' shared prologue (W4A16 here, W4A4 in nvfp4_w4a4.py): the rows of a routing block
 # and the weight rows of an N tile. Inlined: each kernel compiles to what it did with the lines in place.
 
@@ -350,48 +127,6 @@ def tile_columns(pid_n, size, BLOCK_N: tl.constexpr):
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < size
     return offs_n, n_ok, tl.where(n_ok, offs_n, 0).to(tl.int64)
-
-
-@triton.jit
-def permute_activation_tile(
-    x_ptr,  # [T, K] bf16/fp16
-    xp_ptr,  # [T, K] out, dtype of x: each 32 columns as [0, 4, .., 28, 1, 5, .., 29, 2, .., 3, .., 31] (or WGMMA)
-    num_rows,
-    K,
-    stride_xt,
-    stride_pt,
-    tile,  # which [BLOCK_T, BLOCK_K] tile, row-major over the tiles of x
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    WGMMA: tl.constexpr = False,  # the K order of weights in the "kernel_wgmma" layout (period 64, K % 64 == 0)
-):
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    rows = (tile // k_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = (tile % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xt + cols[None, :], mask=mask, other=0.0)
-    if WGMMA:  # column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i (_permuted_column)
-        x = tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 64, 4, 2, 2, 4)), (0, 1, 5, 3, 2, 4))
-        x = tl.reshape(x, (BLOCK_T, BLOCK_K))
-    else:  # column 32g + 4c + q at 32g + 8q + c
-        x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_T, BLOCK_K // 32, 8, 4)), (0, 1, 3, 2)), (BLOCK_T, BLOCK_K))
-    tl.store(xp_ptr + rows.to(tl.int64)[:, None] * stride_pt + cols[None, :], x, mask=mask)
-
-
-@triton.jit
-def prepare_activations_kernel(
-    x_ptr,  # [T, K] bf16/fp16
-    xp_ptr,  # [T, K] out, the permuted K order (permute_activation_tile)
-    num_rows,
-    K,
-    stride_xt,
-    stride_pt,
-    BLOCK_T: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    WGMMA: tl.constexpr = False,  # the "kernel_wgmma" K order (permute_activation_tile)
-):
-    permute_activation_tile(x_ptr, xp_ptr, num_rows, K, stride_xt, stride_pt, tl.program_id(0), BLOCK_T, BLOCK_K,
-                            WGMMA)  # fmt: skip
 
 
 @triton.jit
@@ -541,11 +276,11 @@ def _gemm1_accumulate(
     # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
     tl.assume(k_end > k_begin)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
-        acc_g = _nvfp4_dot(
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+        acc_g = nvfp4_dot(
             acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
-        acc_u = _nvfp4_dot(
+        acc_u = nvfp4_dot(
             acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
     return acc_g, acc_u, row_ok, pair_safe, offs_n, n_ok, offs_n_safe
@@ -831,10 +566,10 @@ def _gemm2_block(
         acc_a = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         acc_b = tl.zeros((HALF, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
-            acc_a = _nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
+            h0, h1, h2, h3 = load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+            acc_a = nvfp4_dot(acc_a, wa_rows, sa_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
                                INTERPRETER)  # fmt: skip
-            acc_b = _nvfp4_dot(acc_b, wb_rows, sb_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
+            acc_b = nvfp4_dot(acc_b, wb_rows, sb_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT,
                                INTERPRETER)  # fmt: skip
         let_next_launch(PDL)
         _gemm2_store(acc_a, y_ptr, pair_safe, row_ok, offs_a, a_ok, scale, stride_yt, INTERPRETER)
@@ -844,20 +579,20 @@ def _gemm2_block(
         w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se, stride_sn)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+            h0, h1, h2, h3 = load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+            acc = nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         let_next_launch(PDL)
         _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
     elif ONE_K_STEP:  # several N tiles, K in one step: the block's activations are loaded once for every tile
         programs = _nprog(1, BLOCKS_LAST)
         my_tiles = tl.cdiv(tl.cdiv(hidden_size, BLOCK_N) - pid_n, programs)
         tl.assume(my_tiles > 0)  # grid axis 1 never exceeds the tile count
-        h0, h1, h2, h3 = _load_quarters(h_rows, k_begin, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+        h0, h1, h2, h3 = load_quarters(h_rows, k_begin, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         for tile in range(0, my_tiles):
             offs_n, n_ok, offs_n_safe = tile_columns(pid_n + tile * programs, hidden_size, BLOCK_N)
             w_rows, s_rows = expert_rows(w_ptr, ws_ptr, expert, offs_n_safe, stride_we, stride_wn, stride_se,
                                          stride_sn)  # fmt: skip
-            acc = _nvfp4_dot(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_rows, s_rows, h0, h1, h2, h3,
+            acc = nvfp4_dot(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_rows, s_rows, h0, h1, h2, h3,
                              k_begin, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)  # fmt: skip
             _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
         let_next_launch(PDL)
@@ -875,284 +610,8 @@ def _gemm2_block(
             if kk == 0:  # compiled as the wgmma's "ignore the accumulator" flag, not as moves
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             k0 = kk * BLOCK_K
-            h0, h1, h2, h3 = _load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
-            acc = _nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+            h0, h1, h2, h3 = load_quarters(h_rows, k0, row_ok, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
+            acc = nvfp4_dot(acc, w_rows, s_rows, h0, h1, h2, h3, k0, inter_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
             if kk == k_steps - 1:
                 _gemm2_store(acc, y_ptr, pair_safe, row_ok, offs_n, n_ok, scale, stride_yt, INTERPRETER)
         let_next_launch(PDL)
-
-
-@triton.jit
-def moe_sum_kernel(
-    y_ptr,  # [splits, rows, H] per-pair outputs (rows of invalid slots are never read)
-    topk_ids_ptr,  # [T * k] int32/int64, valid when 0 <= id < num_experts
-    row_map_ptr,  # [T * k] int32 row of y holding pair p (HAS_ROW_MAP), else y's row p is pair p
-    out_ptr,  # [T, H]
-    hidden_size,
-    num_experts,
-    stride_ys,  # between the splits of y (SPLITS > 1)
-    stride_yt,
-    stride_ot,
-    TOP_K: tl.constexpr,
-    SPLITS: tl.constexpr,  # K splits of gemm2 to add (1: y holds finished rows)
-    BLOCK_H: tl.constexpr,
-    HAS_ROW_MAP: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-):
-    """out[t] = sum of y over the valid slots of token t (and over the splits), in fp32, slots and then
-    splits in order (deterministic)."""
-    after_previous_launch(PDL)
-    let_next_launch(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = offs < hidden_size
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        eid = tl.load(topk_ids_ptr + t * TOP_K + j)
-        valid = (eid >= 0) & (eid < num_experts)
-        row = t * TOP_K + j
-        if HAS_ROW_MAP:
-            row = tl.load(row_map_ptr + row, mask=valid, other=0).to(tl.int64)
-        for split in tl.static_range(SPLITS):
-            y = tl.load(y_ptr + split * stride_ys + row * stride_yt + offs, mask=h_ok & valid, other=0.0)
-            acc += y.to(tl.float32)
-    tl.store(out_ptr + t * stride_ot + offs, round_to(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
-
-
-@triton.jit
-def moe_align_kernel(
-    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
-    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out: pair ids by expert, P = padding
-    block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
-    used_blocks_ptr,  # [1] int32 out: blocks 0 .. used - 1 hold pairs
-    zero_ptr,  # [num_zero] int32 out: set to 0 (the split-K counters of the GEMMs that follow)
-    x_ptr,  # [T, H] activations to lay out for the GEMMs (PERMUTE), else unused
-    xp_ptr,  # [T, H] out: x in the permuted K order (PERMUTE)
-    num_pairs,
-    num_experts,
-    num_blocks,
-    num_zero,
-    num_rows,  # T (PERMUTE)
-    x_cols,  # H (PERMUTE)
-    stride_xt,
-    stride_pt,
-    BLOCK_M: tl.constexpr,
-    E_PAD: tl.constexpr,  # power of two >= num_experts
-    BLOCK: tl.constexpr,
-    PERMUTE: tl.constexpr,  # programs past E also write x in the GEMMs' K order (prepare_activations_kernel)
-    PERMUTE_T: tl.constexpr,
-    PERMUTE_K: tl.constexpr,
-    PDL: tl.constexpr = False,  # programmatic dependent launch (after_previous_launch, let_next_launch)
-    WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
-    EACH_PAIR: tl.constexpr = False,  # a block per valid pair, in pair order, by one program (_route_each_pair)
-):
-    """One launch, E + 1 programs (and with PERMUTE one per activation tile after them). Each of the
-    first E + 1 counts the pairs of every expert (a histogram of the ids); program e < E then writes
-    expert e's pairs (in pair order), its padding and its block experts; program E marks the unused tail
-    blocks and writes the number of used blocks. They share zeroing ``zero_ptr``. With EACH_PAIR, one
-    program routes (``_route_each_pair``: no sort) and the activation tiles' programs follow it."""
-    after_previous_launch(PDL)
-    let_next_launch(PDL)
-    e = tl.program_id(0)
-    if EACH_PAIR:
-        if PERMUTE and e > 0:
-            permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, e - 1, PERMUTE_T,
-                                    PERMUTE_K, WGMMA)  # fmt: skip
-        else:
-            _route_each_pair(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                             num_experts, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
-    elif PERMUTE and e > num_experts:
-        tile = e - num_experts - 1
-        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K,
-                                WGMMA)  # fmt: skip
-    else:
-        _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                       num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
-
-
-@triton.jit
-def _route_each_pair(
-    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, BLOCK_M: tl.constexpr, BLOCKS_PAD: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """``moe_align_kernel`` for a few pairs (num_blocks <= BLOCKS_PAD, a power of two): block r holds the r-th valid
-    pair alone (pair order), blocks past the valid pairs get expert -1. Two pairs of one expert take two blocks, so
-    no sort and no histogram: one program."""
-    _zero_share(zero_ptr, num_zero, 0, 1, BLOCK)
-    b = tl.arange(0, BLOCKS_PAD)
-    ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1)
-    ok = (ids >= 0) & (ids < num_experts)
-    rank = tl.cumsum(ok.to(tl.int32), axis=0) - 1  # the block of pair b, if valid
-    used = tl.sum(ok.to(tl.int32), axis=0)
-    tl.store(block_expert_ptr + b, -1, mask=(b >= used) & (b < num_blocks))
-    tl.store(block_expert_ptr + rank, ids.to(tl.int32), mask=ok)
-    slot = tl.arange(0, BLOCK_M)
-    padding = (b < num_blocks)[:, None] & ((b >= used)[:, None] | (slot > 0)[None, :])
-    tl.store(sorted_ids_ptr + b[:, None] * BLOCK_M + slot[None, :], num_pairs, mask=padding)
-    tl.store(sorted_ids_ptr + rank * BLOCK_M, b, mask=ok)
-    tl.store(used_blocks_ptr, used)
-
-
-@triton.jit
-def _route_program(
-    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
-    _zero_share(zero_ptr, num_zero, e, num_experts + 1, BLOCK)
-    counts = tl.zeros((E_PAD,), dtype=tl.int32)
-    for start in range(0, num_pairs, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        ok = (ids >= 0) & (ids < num_experts)
-        counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
-    offs_e = tl.arange(0, E_PAD)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
-    if e < num_experts:
-        count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
-        my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
-        base = first_block * BLOCK_M
-        placed = 0
-        for start in range(0, num_pairs, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
-            hit = (ids == e).to(tl.int32)
-            rank = placed + tl.cumsum(hit, axis=0) - 1
-            tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)
-            placed += tl.sum(hit, axis=0)
-        _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, first_block, my_blocks, num_pairs, BLOCK_M, BLOCK)
-    else:
-        _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, first_block, num_blocks, num_pairs, BLOCK_M,
-                       BLOCK)  # fmt: skip
-
-
-@triton.jit
-def _zero_share(zero_ptr, num_zero, program, programs, BLOCK: tl.constexpr):
-    """Program ``program`` of ``programs`` zeroes its share of ``zero_ptr`` (the split-K counters): BLOCK entries in
-    every ``programs`` * BLOCK from program * BLOCK."""
-    for start in range(program * BLOCK, num_zero, programs * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(zero_ptr + offs, 0, mask=offs < num_zero)
-
-
-@triton.jit
-def _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, first, blocks, num_pairs, BLOCK_M: tl.constexpr,
-                   BLOCK: tl.constexpr):  # fmt: skip
-    """Expert e's routing blocks first .. first + blocks - 1 (its count pairs already placed): P in the padding slots
-    after its pairs, e as the blocks' expert."""
-    for start in range(count, blocks * BLOCK_M, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(sorted_ids_ptr + first * BLOCK_M + offs, num_pairs, mask=offs < blocks * BLOCK_M)
-    for start in range(0, blocks, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(block_expert_ptr + first + offs, e, mask=offs < blocks)
-
-
-@triton.jit
-def _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, used, num_blocks, num_pairs,
-                   BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """The blocks past the used ones: expert -1, every slot P; and the used block count."""
-    tl.store(used_blocks_ptr, used)
-    for start in range(used, num_blocks, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(block_expert_ptr + offs, -1, mask=offs < num_blocks)
-    for start in range(used * BLOCK_M, num_blocks * BLOCK_M, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(sorted_ids_ptr + offs, num_pairs, mask=offs < num_blocks * BLOCK_M)
-
-
-@triton.jit
-def route_count_kernel(
-    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
-    counts_ptr,  # [chunks, E_PAD] int32 out: each chunk's pairs per expert
-    zero_ptr,  # [num_zero] int32 out: set to 0 (the split-K counters of the GEMMs that follow)
-    x_ptr,  # [T, H] activations to lay out for the GEMMs (PERMUTE), else unused
-    xp_ptr,  # [T, H] out: x in the permuted K order (PERMUTE)
-    num_pairs,
-    num_experts,
-    num_zero,
-    num_rows,  # T (PERMUTE)
-    x_cols,  # H (PERMUTE)
-    stride_xt,
-    stride_pt,
-    E_PAD: tl.constexpr,  # power of two >= num_experts
-    CHUNK: tl.constexpr,  # pairs a chunk
-    PERMUTE: tl.constexpr,  # programs past the chunks write x in the GEMMs' K order (prepare_activations_kernel)
-    PERMUTE_T: tl.constexpr,
-    PERMUTE_K: tl.constexpr,
-    WGMMA: tl.constexpr = False,  # xp in the "kernel_wgmma" K order (permute_activation_tile)
-):
-    """The first of the two launches of the chunked routing (``route_place_kernel`` is the second): program c of the
-    first cdiv(P, CHUNK) counts chunk c's pairs per expert (ids outside [0, E) are not counted) and zeroes its share
-    of ``zero_ptr``; with PERMUTE one program per activation tile follows them."""
-    c = tl.program_id(0)
-    chunks = tl.cdiv(num_pairs, CHUNK)
-    if c < chunks:
-        _zero_share(zero_ptr, num_zero, c, chunks, CHUNK)
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        ok = (ids >= 0) & (ids < num_experts)
-        counts = tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
-        tl.store(counts_ptr + c * E_PAD + tl.arange(0, E_PAD), counts)
-    elif PERMUTE:
-        permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, c - chunks, PERMUTE_T,
-                                PERMUTE_K, WGMMA)  # fmt: skip
-
-
-@triton.jit
-def route_place_kernel(
-    topk_ids_ptr,  # [P] int32/int64, flattened [T, k]
-    counts_ptr,  # [chunks, E_PAD] int32: route_count_kernel's
-    sorted_ids_ptr,  # [num_blocks * BLOCK_M] int32 out: pair ids by expert, P = padding
-    block_expert_ptr,  # [num_blocks] int32 out: expert of each block, -1 = unused
-    used_blocks_ptr,  # [1] int32 out: blocks 0 .. used - 1 hold pairs
-    num_pairs,
-    num_experts,
-    num_blocks,
-    BLOCK_M: tl.constexpr,
-    E_PAD: tl.constexpr,  # power of two >= num_experts
-    CHUNK: tl.constexpr,  # pairs a chunk (route_count_kernel's)
-    ROWS: tl.constexpr,  # rows of the counts table read at a time
-):
-    """The second launch of the chunked routing: the same outputs as ``moe_align_kernel``'s sort. Every program adds
-    the counts table up (each expert's pairs, blocks and first block). Program c of the first cdiv(P, CHUNK) places
-    chunk c's pairs: sorted by (expert, pair), the j-th of them goes to its expert's first slot, plus the pairs of
-    that expert in the chunks before, plus its rank among the chunk's pairs of that expert; so pair ids come in
-    increasing order within an expert, as in the one-launch sort. Program chunks + e (e < E) writes expert e's padding
-    and block experts, and the last one the unused tail and the used block count."""
-    c = tl.program_id(0)
-    chunks = tl.cdiv(num_pairs, CHUNK)
-    offs_e = tl.arange(0, E_PAD)
-    totals = tl.zeros((E_PAD,), dtype=tl.int32)
-    before = tl.zeros((E_PAD,), dtype=tl.int32)  # pairs of each expert in the chunks before chunk c
-    for r0 in range(0, chunks, ROWS):
-        rows = r0 + tl.arange(0, ROWS)
-        table = tl.load(counts_ptr + rows[:, None] * E_PAD + offs_e[None, :], mask=(rows < chunks)[:, None], other=0)
-        totals += tl.sum(table, axis=0)
-        before += tl.sum(tl.where((rows < c)[:, None], table, 0), axis=0)
-    blocks = (totals + BLOCK_M - 1) // BLOCK_M
-    first_block = tl.cumsum(blocks, axis=0) - blocks
-    if c < chunks:
-        local = tl.arange(0, CHUNK)
-        ids = tl.load(topk_ids_ptr + c * CHUNK + local, mask=c * CHUNK + local < num_pairs, other=-1)
-        ok = (ids >= 0) & (ids < num_experts)
-        # one key a pair: (expert, pair in the chunk); the pairs of no local expert sort last (expert E_PAD)
-        keys = tl.sort(tl.where(ok, ids, E_PAD).to(tl.int32) * CHUNK + local)
-        expert = keys // CHUNK
-        valid = expert < E_PAD
-        mine = tl.load(counts_ptr + c * E_PAD + offs_e)
-        # slot of the chunk's first pair of expert e, less the sorted position of that pair
-        first = first_block * BLOCK_M + before - (tl.cumsum(mine, axis=0) - mine)
-        slot = tl.gather(first, tl.where(valid, expert, 0), 0) + local
-        tl.store(sorted_ids_ptr + slot, c * CHUNK + keys % CHUNK, mask=valid)
-    elif c < chunks + num_experts:
-        e = c - chunks
-        count = tl.sum(tl.where(offs_e == e, totals, 0), axis=0)
-        my_blocks = tl.sum(tl.where(offs_e == e, blocks, 0), axis=0)
-        base = tl.sum(tl.where(offs_e == e, first_block, 0), axis=0)
-        _expert_blocks(sorted_ids_ptr, block_expert_ptr, e, count, base, my_blocks, num_pairs, BLOCK_M, CHUNK)
-    else:
-        _unused_blocks(sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, tl.sum(blocks, axis=0), num_blocks,
-                       num_pairs, BLOCK_M, CHUNK)  # fmt: skip

@@ -8,7 +8,7 @@ of 16 pairs on one warp group; chunked-prefill tiles up to 128 pairs (the wgmma'
 The same work as ``nvfp4_moe.nvfp4_moe_gemm1_kernel`` on weights in the "kernel_wgmma" layout (LAYOUT 2): per routing
 block of BLOCK_M pairs and N tile of BLOCK_N rows of gate and of up, four quarter-width dots a K step (quarter q =
 code q of every packed word against activation columns 4c + q of the permuted K order), the same PTX decode
-(``nvfp4_moe.decode_ptx``), fp32 accumulation, h = SiLU(gate) * up written in the permuted K order. What differs is
+(``nvfp4_decode.decode_ptx``), fp32 accumulation, h = SiLU(gate) * up written in the permuted K order. What differs is
 the schedule, written out instead of left to Triton's pipeliner:
 
 - the packed words, scale codes and four activation quarters of a K step come through a STAGES-deep ring of
@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from sglang_glm5.kernels.nvfp4_moe import decode_ptx
+from sglang_glm5.kernels.nvfp4_decode import decode_ptx
 
 # The decode of bf16 weights in the kernel_wgmma layout (2), code position q: a 32-bit scale code per register.
 _PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
@@ -75,7 +75,7 @@ def _copy_layout(qk, warps):
 
 @gluon.jit
 def _decode(packed, scale, Q: gl.constexpr):
-    """Quarter Q of a packed tile: e2m1 * scale * 2^-7 in bf16 (``nvfp4_moe.decode_ptx``)."""
+    """Quarter Q of a packed tile: e2m1 * scale * 2^-7 in bf16 (``nvfp4_decode.decode_ptx``)."""
     return gl.inline_asm_elementwise(_PTX[Q], "=r,r,r,r", [packed, scale], dtype=gl.bfloat16, is_pure=True, pack=2)
 
 
@@ -218,7 +218,7 @@ def _matrix_k_step(w_slot, s_slot, x0, x1, x2, x3, acc, BLOCK_N: gl.constexpr, Q
 
 @gluon.jit
 def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht):
-    """h = SiLU(gate) * up, global scales and 2^7 (``nvfp4_moe.DECODE_UNSCALE``) applied, in the permuted K order of
+    """h = SiLU(gate) * up, global scales and 2^7 (``nvfp4_decode.DECODE_UNSCALE``) applied, in the permuted K order of
     the kernel_wgmma layout (as ``nvfp4_moe``'s: column 64g + 16b + 8h + 4i + q at 64g + 16q + 8h + 2b + i)."""
     gs_gate = gl.load(wgs_ptr + e64 * stride_gse) * 128.0
     gs_up = gl.load(wgs_ptr + e64 * stride_gse + stride_gsg) * 128.0
@@ -226,6 +226,91 @@ def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, s
     h = gate / (1.0 + gl.exp(-gate)) * (acc_u * gs_up)
     col = (n // 64) * 64 + (n % 4) * 16 + ((n // 8) % 2) * 8 + ((n % 64) // 16) * 2 + (n // 4) % 2
     gl.store(h_ptr + pair_safe[None, :] * stride_ht + col[:, None], h.to(gl.bfloat16), mask=ok)
+
+
+@gluon.jit
+def _gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt,
+                   stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, QK: gl.constexpr, SK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """What gemm1's copies read, in the copy layouts of WARPS warps: row pointers [BLOCK_N] of the packed words and
+    scale codes of gate and up (rows past I read row 0), their column offsets, the activation rows and their mask."""
+    wc_l: gl.constexpr = _copy_layout(QK, WARPS)
+    sc_l: gl.constexpr = _scale_copy_layout(WARPS)
+    rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
+    rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
+    wg_rows = w_ptr + e64 * stride_we + (gate_row0 + rows_w) * stride_wn
+    wu_rows = w_ptr + e64 * stride_we + (up_row0 + rows_w) * stride_wn
+    rows_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
+    rows_s = gl.where(rows_s < inter_size, rows_s, 0).to(gl.int64)
+    sg_rows = ws_ptr + e64 * stride_se + (gate_row0 + rows_s) * stride_sn
+    su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
+    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
+    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
+    x_rows, x_ok = _activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, BLOCK_M, QK, WARPS)
+    return wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok
+
+
+@gluon.jit
+def _gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
+                  QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr,
+                  a_l: gl.constexpr):  # fmt: skip
+    """One K step of gemm1 from ring slot ``slot`` (its copies landed), its wgmmas waited for: the accumulators."""
+    if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
+        x0 = x0_s.index(slot).permute((1, 0))
+        x1 = x1_s.index(slot).permute((1, 0))
+        x2 = x2_s.index(slot).permute((1, 0))
+        x3 = x3_s.index(slot).permute((1, 0))
+        acc_g = _matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK, LOOKAHEAD, a_l)
+        acc_u = _matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK, LOOKAHEAD, a_l)
+    else:
+        pg = wg_s.index(slot).load(a_l)
+        pu = wu_s.index(slot).load(a_l)
+        sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
+        su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
+        acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0,
+                                      LOOKAHEAD)  # fmt: skip
+        acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1,
+                                      LOOKAHEAD)  # fmt: skip
+        acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2,
+                                      LOOKAHEAD)  # fmt: skip
+        acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3,
+                                      LOOKAHEAD)  # fmt: skip
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+
+
+@gluon.jit
+def _gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
+                  num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, WARPS: gl.constexpr, SPLITS: gl.constexpr, BLOCKS_LAST: gl.constexpr,
+                  READY: gl.constexpr):  # fmt: skip
+    """After the K loop: h of this program's tile (``_epilogue``), or with SPLITS its fp32 partials, the last program of
+    the tile to arrive adding them in split order first; then the block's ready count (READY)."""
+    mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
+    n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+    ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
+    pair_safe = gl.where(pair_o < num_pairs, pair_o, 0).to(gl.int64)
+    if SPLITS > 1:
+        # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
+        split_stride = num_pairs * 2 * inter_size
+        p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
+        gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
+        gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
+        _cta_barrier()  # every thread's partials are written before the counter says so
+        counter = counter_ptr + pid_m * gl.num_programs(0 if BLOCKS_LAST else 1) + pid_n
+        if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            gl.store(counter, 0)  # ready for the next launch
+            acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+            acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+            for split in gl.static_range(SPLITS):
+                acc_g += gl.load(p_ptrs + split * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
+                acc_u += gl.load(p_ptrs + split * split_stride + inter_size, mask=ok, other=0.0,
+                                 cache_modifier=".cg")  # fmt: skip
+            _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+            _mark_ready(ready_ptr, pid_m, READY)
+    else:
+        _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
+        _mark_ready(ready_ptr, pid_m, READY)
 
 
 @gluon.jit
@@ -271,8 +356,6 @@ def nvfp4_moe_gemm1_gluon_kernel(
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
         a_l: gl.constexpr = _operand_layout(BLOCK_M, WARPS)
-        wc_l: gl.constexpr = _copy_layout(QK, WARPS)
-        sc_l: gl.constexpr = _scale_copy_layout(WARPS)
         w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
         s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
@@ -281,18 +364,9 @@ def nvfp4_moe_gemm1_gluon_kernel(
         su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
         x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
 
-        rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
-        rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
-        wg_rows = w_ptr + e64 * stride_we + (gate_row0 + rows_w) * stride_wn
-        wu_rows = w_ptr + e64 * stride_we + (up_row0 + rows_w) * stride_wn
-        rows_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
-        rows_s = gl.where(rows_s < inter_size, rows_s, 0).to(gl.int64)
-        sg_rows = ws_ptr + e64 * stride_se + (gate_row0 + rows_s) * stride_sn
-        su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
-        w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
-        s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-        x_rows, x_ok = _activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, BLOCK_M, QK,
-                                        WARPS)  # fmt: skip
+        wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _gemm1_sources(
+            x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
+            stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N, QK, SK, WARPS)  # fmt: skip
 
         k_begin = 0
         k_end = hidden_size
@@ -319,58 +393,15 @@ def nvfp4_moe_gemm1_gluon_kernel(
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
                                     s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
-            if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
-                x0 = x0_s.index(slot).permute((1, 0))
-                x1 = x1_s.index(slot).permute((1, 0))
-                x2 = x2_s.index(slot).permute((1, 0))
-                x3 = x3_s.index(slot).permute((1, 0))
-                acc_g = _matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
-                                       LOOKAHEAD, a_l)  # fmt: skip
-                acc_u = _matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
-                                       LOOKAHEAD, a_l)  # fmt: skip
-            else:
-                pg = wg_s.index(slot).load(a_l)
-                pu = wu_s.index(slot).load(a_l)
-                sg = _operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-                su = _operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x0_s.index(slot).permute((1, 0)), acc_g, acc_u, 0,
-                                              LOOKAHEAD)  # fmt: skip
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x1_s.index(slot).permute((1, 0)), acc_g, acc_u, 1,
-                                              LOOKAHEAD)  # fmt: skip
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x2_s.index(slot).permute((1, 0)), acc_g, acc_u, 2,
-                                              LOOKAHEAD)  # fmt: skip
-                acc_g, acc_u = _gemm1_quarter(pg, pu, sg, su, x3_s.index(slot).permute((1, 0)), acc_g, acc_u, 3,
-                                              LOOKAHEAD)  # fmt: skip
-            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+            acc_g, acc_u = _gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N,
+                                         QK, LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
         cp.wait_group(0)
         if PDL and not READY:
             _griddepcontrol(False)
 
-        n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
-        ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
-        pair_safe = gl.where(pair_o < num_pairs, pair_o, 0).to(gl.int64)
-        if SPLITS > 1:
-            # part[s, p, 0, n] = gate, part[s, p, 1, n] = up
-            split_stride = num_pairs * 2 * inter_size
-            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
-            gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
-            gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
-            _cta_barrier()  # every thread's partials are written before the counter says so
-            counter = counter_ptr + pid_m * gl.num_programs(0 if BLOCKS_LAST else 1) + pid_n
-            if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                gl.store(counter, 0)  # ready for the next launch
-                acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-                acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-                for split in gl.static_range(SPLITS):
-                    acc_g += gl.load(p_ptrs + split * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
-                    acc_u += gl.load(p_ptrs + split * split_stride + inter_size, mask=ok, other=0.0,
-                                     cache_modifier=".cg")  # fmt: skip
-                _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
-                _mark_ready(ready_ptr, pid_m, READY)
-        else:
-            _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
-            _mark_ready(ready_ptr, pid_m, READY)
+        _gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
+                      num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS, SPLITS,
+                      BLOCKS_LAST, READY)  # fmt: skip
 
 
 @gluon.jit

@@ -19,7 +19,7 @@ import triton
 
 from sglang_glm5 import env
 from sglang_glm5.hardware import device_arch, launches_dependents
-from sglang_glm5.kernels import nvfp4_moe as _k
+from sglang_glm5.kernels import nvfp4_route as _k
 from sglang_glm5.nvfp4 import LAYOUTS, activation_period
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
@@ -264,7 +264,7 @@ def _wgmma_order(layout: str, k: int) -> bool:
 
 def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Tensor:
     """[T, K] bf16/fp16 -> [T, K], same dtype, in the K order the GEMM kernels read for weights in ``layout``
-    (``nvfp4.LAYOUTS``; ``sglang_glm5.kernels.nvfp4_moe``): each group of 32 columns as
+    (``nvfp4.LAYOUTS``; ``sglang_glm5.kernels.nvfp4_moe``'s docstring): each group of 32 columns as
     [0, 4, .., 28, 1, 5, .., 31] (K % 32 == 0), or for "kernel_wgmma" column 64g + 16b + 8h + 4i + q at
     64g + 16q + 8h + 2b + i (K % 64 == 0)."""
     num_rows, k = x.shape

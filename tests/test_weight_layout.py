@@ -305,7 +305,7 @@ def _run_decode_ptx(ptx: str, words: torch.Tensor, scale_input: torch.Tensor, bf
 def test_decode_ptx_gives_every_code_times_its_scale(layout, bf16):
     """The PTX the kernels inline, run instruction by instruction on every 16-bit word of codes, with scales
     from the smallest to the largest: code q of each word, times the scale, times 2^-7 (exact)."""
-    from sglang_glm5.kernels import nvfp4_moe
+    from sglang_glm5.kernels import nvfp4_decode
 
     words = torch.arange(65536, dtype=torch.int64)
     # lane 0: every word; lane 1: the words in another order (both lanes share the register's scale)
@@ -322,13 +322,13 @@ def test_decode_ptx_gives_every_code_times_its_scale(layout, bf16):
         if layout == 1:
             scale_in = torch.full_like(words, int(nvfp4.scale_codes(torch.tensor([byte], dtype=torch.uint8).view(
                 torch.float8_e4m3fn))[0]))  # fmt: skip
-        else:  # what _decode_nvfp4 hands the asm: scale * 2^119 as bf16, or scale * 2^7 as fp16, in both lanes
+        else:  # what decode_nvfp4 hands the asm: scale * 2^119 as bf16, or scale * 2^7 as fp16, in both lanes
             value = scale * (2.0**119 if bf16 else 2.0**7)
             bits = int(torch.tensor([value], dtype=torch.bfloat16 if bf16 else torch.float16).view(torch.int16)[0])
             bits &= 0xFFFF
             scale_in = torch.full_like(words, bits | (bits << 16))
         for q in range(4):
-            got = _run_decode_ptx(nvfp4_moe.decode_ptx(bf16, q, layout), reg, scale_in, bf16)
+            got = _run_decode_ptx(nvfp4_decode.decode_ptx(bf16, q, layout), reg, scale_in, bf16)
             want0 = nvfp4.e2m1_codes_to_float(codes_cp[:, q].to(torch.uint8), torch.float64) * scale * 2.0**-7
             want1 = torch.flip(want0, (0,))
             assert torch.equal(got[:, 0], want0) and torch.equal(got[:, 1], want1), (layout, bf16, byte, q)

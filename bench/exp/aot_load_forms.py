@@ -40,6 +40,9 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 TILE = os.environ.get("EXP_TILE", "16x128x256-w4-s3")
 
 HELPERS = """
+from sglang_glm5.kernels.nvfp4_decode import decode_nvfp4, weight_tile
+
+
 @triton.jit
 def _concat_k(a, b):
     N: tl.constexpr = a.shape[0]
@@ -49,7 +52,7 @@ def _concat_k(a, b):
 
 @triton.jit
 def _load_step(rows_ptr, k0, row_ok, BLOCK_K: tl.constexpr):
-    # row q * (BLOCK_K // 4) + c: K column 4c + q of step k0 (the permuted storage, as _load_quarters)
+    # row q * (BLOCK_K // 4) + c: K column 4c + q of step k0 (the permuted storage, as load_quarters)
     Q: tl.constexpr = BLOCK_K // 4
     kk = tl.arange(0, BLOCK_K)
     pos = k0 + ((kk % Q) // 8) * 32 + (kk % Q) % 8 + 8 * (kk // Q)
@@ -58,7 +61,7 @@ def _load_step(rows_ptr, k0, row_ok, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _dot_desc(acc, w, s, x0, x1, x2, x3, DTYPE: tl.constexpr, LAYOUT: tl.constexpr):
-    w0, w1, w2, w3 = _decode_nvfp4(w, s, DTYPE, LAYOUT, False)
+    w0, w1, w2, w3 = decode_nvfp4(w, s, DTYPE, LAYOUT, False)
     acc = tl.dot(w0, x0, acc)
     acc = tl.dot(w1, x1, acc)
     acc = tl.dot(w2, x2, acc)
@@ -68,11 +71,11 @@ def _dot_desc(acc, w, s, x0, x1, x2, x3, DTYPE: tl.constexpr, LAYOUT: tl.constex
 # The GEMM kernels' shared prologue"""
 
 LOOP = """    for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
-        acc_g = _nvfp4_dot(
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        acc_g = nvfp4_dot(
             acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
-        acc_u = _nvfp4_dot(
+        acc_u = nvfp4_dot(
             acc_u, wu_rows, su_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )"""
 
@@ -84,7 +87,7 @@ DESCRIPTORS = """    rows_all = (stride_we // stride_wn) * 64  # E * 2I rows, E 
     rowg = (expert * (stride_we // stride_wn) + gate_row0 + pid_n * BLOCK_N).to(tl.int32)
     rowu = (expert * (stride_we // stride_wn) + up_row0 + pid_n * BLOCK_N).to(tl.int32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
         DT: tl.constexpr = x0.dtype
 """
 
@@ -105,9 +108,9 @@ LOOPS = {
         acc_u = _dot_desc(acc_u, pu, su, x0, x1, x2, x3, DT, LAYOUT)""",
     "one dot": """    for k0 in range(k_begin, k_end, BLOCK_K):
         xs = _load_step(x_rows, k0, row_ok, BLOCK_K)
-        g0, g1, g2, g3 = _weight_tile(wg_rows, sg_rows, k0, hidden_size, BLOCK_K, True, xs.dtype, LAYOUT, False)
+        g0, g1, g2, g3 = weight_tile(wg_rows, sg_rows, k0, hidden_size, BLOCK_K, True, xs.dtype, LAYOUT, False)
         acc_g = tl.dot(_concat_k(_concat_k(g0, g1), _concat_k(g2, g3)), xs, acc_g)
-        u0, u1, u2, u3 = _weight_tile(wu_rows, su_rows, k0, hidden_size, BLOCK_K, True, xs.dtype, LAYOUT, False)
+        u0, u1, u2, u3 = weight_tile(wu_rows, su_rows, k0, hidden_size, BLOCK_K, True, xs.dtype, LAYOUT, False)
         acc_u = tl.dot(_concat_k(_concat_k(u0, u1), _concat_k(u2, u3)), xs, acc_u)""",
 }
 

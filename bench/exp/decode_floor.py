@@ -1,7 +1,7 @@
 """Experiment: what decoding a step's weights into the tensor cores takes in one launch, with nothing else.
 
 ``read_floor.py`` times plain reads of a step's expert bytes. This times the same bytes read, decoded and multiplied
-by the op's own K step (``_load_quarters`` and ``_nvfp4_dot`` of ``kernels/nvfp4_moe.py``, the Triton kernels' decode
+by the op's own K step (``load_quarters`` and ``nvfp4_dot`` of ``kernels/nvfp4_decode.py``, the Triton kernels' decode
 and four quarter-width dots against a 16-column activation tile, the kernel_wgmma layout the op takes on sm_90) in
 one launch: work units (expert, 64-row tile of w13 or w2, K slice of a few K steps), dealt over the programs, each
 storing its fp32 tile and nothing else: no routing, no split sums, no SiLU, no wait for h, no top-k sum. So its time
@@ -27,7 +27,7 @@ from decode_cases import generator
 from read_floor import expert_words, launch_read
 
 from sglang_glm5 import bench_real
-from sglang_glm5.kernels.nvfp4_moe import _load_quarters, _nvfp4_dot
+from sglang_glm5.kernels.nvfp4_decode import load_quarters, nvfp4_dot
 
 EXPERTS = tuple(int(n) for n in os.environ.get("EXP_EXPERTS", "1,2,4").split(","))
 # (programs a SM, K steps a w13 unit, K steps a w2 unit, stages) tried in turn
@@ -48,8 +48,8 @@ def _unit(w_ptr, s_ptr, x_ptr, part_ptr, u, expert, tile, k_begin, steps, stride
     row_ok = m >= 0
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_begin, k_begin + steps * BLOCK_K, BLOCK_K):
-        x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, K, BLOCK_K, True, LAYOUT, False)
-        acc = _nvfp4_dot(acc, w_rows, s_rows, x0, x1, x2, x3, k0, K, BLOCK_K, True, LAYOUT, False)
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, K, BLOCK_K, True, LAYOUT, False)
+        acc = nvfp4_dot(acc, w_rows, s_rows, x0, x1, x2, x3, k0, K, BLOCK_K, True, LAYOUT, False)
     out = part_ptr + u.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out, tl.sum(acc, axis=1))
 

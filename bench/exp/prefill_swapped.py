@@ -23,10 +23,9 @@ import triton.language as tl
 from decode_cases import cached_config, generator
 
 from sglang_glm5 import bench_real, routing
+from sglang_glm5.kernels.nvfp4_decode import load_quarters, weight_tile
 from sglang_glm5.kernels.nvfp4_moe import (
-    _load_quarters,
     _permuted_column,
-    _weight_tile,
     block_pairs,
     expert_rows,
     round_to,
@@ -65,13 +64,13 @@ def gemm1_swapped_kernel(
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         tl.assume(hidden_size > 0)
         for k0 in range(0, hidden_size, BLOCK_K):
-            x0, x1, x2, x3 = _load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, True, False)
-            g0, g1, g2, g3 = _weight_tile(wg_rows, sg_rows, k0, hidden_size, BLOCK_K, True, x0.dtype, LAYOUT, False)
+            x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, True, False)
+            g0, g1, g2, g3 = weight_tile(wg_rows, sg_rows, k0, hidden_size, BLOCK_K, True, x0.dtype, LAYOUT, False)
             acc_g = tl.dot(tl.trans(x0), tl.trans(g0), acc_g)
             acc_g = tl.dot(tl.trans(x1), tl.trans(g1), acc_g)
             acc_g = tl.dot(tl.trans(x2), tl.trans(g2), acc_g)
             acc_g = tl.dot(tl.trans(x3), tl.trans(g3), acc_g)
-            u0, u1, u2, u3 = _weight_tile(wu_rows, su_rows, k0, hidden_size, BLOCK_K, True, x0.dtype, LAYOUT, False)
+            u0, u1, u2, u3 = weight_tile(wu_rows, su_rows, k0, hidden_size, BLOCK_K, True, x0.dtype, LAYOUT, False)
             acc_u = tl.dot(tl.trans(x0), tl.trans(u0), acc_u)
             acc_u = tl.dot(tl.trans(x1), tl.trans(u1), acc_u)
             acc_u = tl.dot(tl.trans(x2), tl.trans(u2), acc_u)

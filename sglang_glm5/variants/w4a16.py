@@ -10,7 +10,8 @@ What ``variants.KernelVariant`` asks of a family, and the family's launches:
   memoized per Triton version and kernel source); the tests check on samples that the model never calls
   feasible a config the compiler does not;
 - the grid of a call (``plan_gemms``: K splits at decode, where few experts are active) and the launches
-  of gemm1 and gemm2 (``kernels/nvfp4_moe.py``); ``run`` is the whole W4A16 op on checked arguments.
+  of gemm1 and gemm2 (``kernels/nvfp4_moe.py``, their decode ``kernels/nvfp4_decode.py``); ``run`` is the whole
+  W4A16 op on checked arguments.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 3
 
 def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
     """Raise ValueError when the W4A16 kernels cannot run ``cfg``: they split block_k into four
-    quarter-width dots of at least 16 (kernels/nvfp4_moe.py), so block_k >= 64. Given the GEMM (``kernel`` and its
+    quarter-width dots of at least 16 (kernels/nvfp4_decode.py), so block_k >= 64. Given the GEMM (``kernel`` and its
     (E, N, K)), also a one-K-step tile where it cannot run so: gemm1, K deeper than block_k, or one N tile (it
     takes several a program)."""
     if cfg.block_k < 64:
@@ -237,7 +238,7 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
 
     from sglang_glm5.aot import source_digest
 
-    digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
+    digest = source_digest("sglang_glm5.kernels.nvfp4_moe") + "+" + source_digest("sglang_glm5.kernels.nvfp4_decode")
     if cfg.gluon:
         digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon")
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
@@ -599,7 +600,7 @@ def launch_gemm1(
             raise ValueError(f"launch: {launch.stream} stream programs over {units} units overflow int32")
         # two partial tiles (gate and up) per program for its first and its last segment (kernels/nvfp4_moe.py)
         part = torch.empty(launch.stream * 2 * 2 * cfg.block_n * cfg.block_m, dtype=torch.float32, device=h.device)
-    w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_moe.py)
+    w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_decode.py)
     grid = (launch.stream, 1, 1) if launch.stream else _grid(launch, tiles)
     _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
