@@ -24,8 +24,9 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from ws_gemm1 import _consume
 
 from sglang_glm5 import bench_real, nvfp4
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
@@ -63,31 +64,6 @@ def _sources(w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M: gl.constexpr, BLOC
     sg_rows = ws_ptr + rows_s * (HELD * SK)
     su_rows = ws_ptr + (BLOCK_N + rows_s) * (HELD * SK)
     return region, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok
-
-
-@gluon.jit
-def _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
-            QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
-    """One K step from ring slot ``slot``, as ``nvfp4_moe_gemm1_gluon_kernel``'s loop computes it, waited for."""
-    x0 = x0_s.index(slot).permute((1, 0))
-    x1 = x1_s.index(slot).permute((1, 0))
-    x2 = x2_s.index(slot).permute((1, 0))
-    x3 = x3_s.index(slot).permute((1, 0))
-    if GATE_THEN_UP:
-        acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK, LOOKAHEAD,
-                                 a_l)  # fmt: skip
-        acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK, LOOKAHEAD,
-                                 a_l)  # fmt: skip
-    else:
-        pg = wg_s.index(slot).load(a_l)
-        pu = wu_s.index(slot).load(a_l)
-        sg = g._operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-        su = g._operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, LOOKAHEAD)
-        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, LOOKAHEAD)
-        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, LOOKAHEAD)
-        acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, LOOKAHEAD)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
 
 
 @gluon.jit
@@ -160,8 +136,8 @@ def decode_issue_kernel(
             cp.commit_group()
         elif BARRIER:
             g._cta_barrier()
-        acc_g, acc_u = _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
-                               LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
+        acc_g, acc_u = g._gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
+                                       LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
     cp.wait_group(0)
     if COPY and TMA:  # the words of the steps issued but not walked
         for j in range(gl.maximum(reps - STAGES + 1, 0), reps):
@@ -181,18 +157,10 @@ _QK, _SK, _HELD = gl.constexpr(BLOCK_K // 4), gl.constexpr(BLOCK_K // 16), gl.co
 
 @gluon.jit
 def _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, GATE_THEN_UP: gl.constexpr):
-    """The WS form's default partition: the K step on each slot once ``full`` says it landed, then ``empty``."""
+    """The WS form's default partition: the K step on each slot once ``full`` says it landed, then ``empty``
+    (``ws_gemm1._consume``, the real gemm1's consumers); then the accumulators' sum to ``out_ptr``."""
+    acc_g, acc_u = _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, reps, GATE_THEN_UP)
     mma: gl.constexpr = g._mma_layout(_BM, _WARPS)
-    a_l: gl.constexpr = g._operand_layout(_BM, _WARPS)
-    acc_g = gl.zeros([_BN, _BM], gl.float32, layout=mma)
-    acc_u = gl.zeros([_BN, _BM], gl.float32, layout=mma)
-    for i in range(reps):
-        slot = i % _STAGES
-        mbarrier.wait(full.index(slot), (i // _STAGES) & 1)
-        acc_g, acc_u = _k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, _BN, _QK, 1,
-                               GATE_THEN_UP, a_l)  # fmt: skip
-        g._cta_barrier()  # every consumer warp is done with the slot
-        mbarrier.arrive(empty.index(slot))
     n = gl.arange(0, _BN, layout=gl.SliceLayout(1, mma))
     m = gl.arange(0, _BM, layout=gl.SliceLayout(0, mma))
     tile = gl.program_id(0).to(gl.int64) * _BN * _BM

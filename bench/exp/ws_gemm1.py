@@ -35,7 +35,7 @@ from decode_cases import OP_KWARGS, cached_config, cases, floor_ms, generator, k
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from sglang_glm5 import bench_real
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
@@ -69,25 +69,8 @@ def _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps,
     for i in range(steps):
         slot = i % STAGES
         mbarrier.wait(full.index(slot), (i // STAGES) & 1)
-        x0 = x0_s.index(slot).permute((1, 0))
-        x1 = x1_s.index(slot).permute((1, 0))
-        x2 = x2_s.index(slot).permute((1, 0))
-        x3 = x3_s.index(slot).permute((1, 0))
-        if GATE_THEN_UP:
-            acc_g = g._matrix_k_step(wg_s.index(slot), sg_s.index(slot), x0, x1, x2, x3, acc_g, BLOCK_N, QK,
-                                     _LOOKAHEAD, a_l)  # fmt: skip
-            acc_u = g._matrix_k_step(wu_s.index(slot), su_s.index(slot), x0, x1, x2, x3, acc_u, BLOCK_N, QK,
-                                     _LOOKAHEAD, a_l)  # fmt: skip
-        else:
-            pg = wg_s.index(slot).load(a_l)
-            pu = wu_s.index(slot).load(a_l)
-            sg = g._operand_scales(sg_s.index(slot), BLOCK_N, QK, a_l)
-            su = g._operand_scales(su_s.index(slot), BLOCK_N, QK, a_l)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x0, acc_g, acc_u, 0, _LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x1, acc_g, acc_u, 1, _LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x2, acc_g, acc_u, 2, _LOOKAHEAD)
-            acc_g, acc_u = g._gemm1_quarter(pg, pu, sg, su, x3, acc_g, acc_u, 3, _LOOKAHEAD)
-        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        acc_g, acc_u = g._gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
+                                       _LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
         g._cta_barrier()  # every consumer warp is done with the slot (a barrier of this partition's warps)
         mbarrier.arrive(empty.index(slot))
     return acc_g, acc_u
@@ -105,7 +88,7 @@ def _consume_gate_then_up(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, 
 
 @gluon.jit
 def _produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
-             expert, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we, stride_wn,
+             e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we, stride_wn,
              stride_se, stride_sn, gate_row0, up_row0):  # fmt: skip
     """The worker partition: the row pointers (as the shipped kernel builds them, in its copy layouts on this
     partition's warps), then each K step's copies into its slot once ``empty`` frees it, arriving on ``full``."""
@@ -116,21 +99,9 @@ def _produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr,
     BLOCK_M: gl.constexpr = x0_s.shape[1]
     BLOCK_K: gl.constexpr = 4 * QK
     PRODUCER_WARPS: gl.constexpr = gl.num_warps()
-    wc_l: gl.constexpr = g._copy_layout(QK, PRODUCER_WARPS)
-    sc_l: gl.constexpr = g._scale_copy_layout(PRODUCER_WARPS)
-    e64 = expert.to(gl.int64)
-    rows_w = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l))
-    rows_w = gl.where(rows_w < inter_size, rows_w, 0).to(gl.int64)
-    wg_rows = w_ptr + e64 * stride_we + (gate_row0 + rows_w) * stride_wn
-    wu_rows = w_ptr + e64 * stride_we + (up_row0 + rows_w) * stride_wn
-    rows_s = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l))
-    rows_s = gl.where(rows_s < inter_size, rows_s, 0).to(gl.int64)
-    sg_rows = ws_ptr + e64 * stride_se + (gate_row0 + rows_s) * stride_sn
-    su_rows = ws_ptr + e64 * stride_se + (up_row0 + rows_s) * stride_sn
-    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
-    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-    x_rows, x_ok = g._activation_rows(x_ptr, sorted_ids_ptr, pid_m, num_pairs, top_k, stride_xt, BLOCK_M, QK,
-                                      PRODUCER_WARPS)  # fmt: skip
+    wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g._gemm1_sources(
+        x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
+        stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N, QK, SK, PRODUCER_WARPS)  # fmt: skip
     for i in range(steps):
         slot = i % STAGES
         if i >= STAGES:
@@ -162,7 +133,6 @@ def nvfp4_moe_gemm1_ws_kernel(
         g._griddepcontrol(False)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
         w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
         s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
@@ -184,7 +154,7 @@ def nvfp4_moe_gemm1_ws_kernel(
         steps = gl.cdiv(k_end - k_begin, BLOCK_K)
         consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps)
         producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
-                    expert, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we,
+                    e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we,
                     stride_wn, stride_se, stride_sn, gate_row0, up_row0)  # fmt: skip
         if GATE_THEN_UP:
             acc_g, acc_u = gl.warp_specialize([(_consume_gate_then_up, consumer), (_produce, producer)],
@@ -195,31 +165,9 @@ def nvfp4_moe_gemm1_ws_kernel(
         if PDL and not READY:
             g._griddepcontrol(False)
 
-        # the shipped kernel's epilogue, unchanged
-        n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
-        ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
-        pair_safe = gl.where(pair_o < num_pairs, pair_o, 0).to(gl.int64)
-        if SPLITS > 1:
-            split_stride = num_pairs * 2 * inter_size
-            p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
-            gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
-            gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
-            g._cta_barrier()
-            counter = counter_ptr + pid_m * gl.num_programs(0 if BLOCKS_LAST else 1) + pid_n
-            if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                gl.store(counter, 0)
-                acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-                acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-                for split in gl.static_range(SPLITS):
-                    acc_g += gl.load(p_ptrs + split * split_stride, mask=ok, other=0.0, cache_modifier=".cg")
-                    acc_u += gl.load(p_ptrs + split * split_stride + inter_size, mask=ok, other=0.0,
-                                     cache_modifier=".cg")  # fmt: skip
-                g._epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
-                g._mark_ready(ready_ptr, pid_m, READY)
-        else:
-            g._epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, stride_gsg, stride_ht)
-            g._mark_ready(ready_ptr, pid_m, READY)
+        g._gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr,
+                        ready_ptr, num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS,
+                        SPLITS, BLOCKS_LAST, READY)  # fmt: skip
 
 
 class _WsInPlace:
