@@ -135,6 +135,33 @@ def _activation_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, QK: gl.conste
 
 
 @gluon.jit
+def _k_slice(k_size, k_per_split, BLOCK_K: gl.constexpr, SPLITS: gl.constexpr):
+    """This program's first K column and its K steps: split ``gl.program_id(2)`` of ``k_per_split`` columns (SPLITS >
+    1), else all of ``k_size``."""
+    k_begin = 0
+    k_end = k_size
+    if SPLITS > 1:
+        k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
+        k_end = gl.minimum(k_begin + k_per_split, k_size)
+    return k_begin, gl.cdiv(k_end - k_begin, BLOCK_K)
+
+
+@gluon.jit
+def _gemm1_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+                 SK: gl.constexpr):  # fmt: skip
+    """gemm1's STAGES-deep rings: packed words of gate and up [STAGES, BLOCK_N, QK] int16, their scale codes
+    [STAGES, BLOCK_N, SK] uint8, and the four activation quarters (``_activation_rings``)."""
+    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
+    s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+    wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
+    sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+    su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
+    x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
+    return wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s
+
+
+@gluon.jit
 def _activation_rows(act_ptr, sorted_ids_ptr, pid_m, num_pairs, rows_per_pair, stride, BLOCK_M: gl.constexpr,
                      QK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
     """Row pointers [BLOCK_M] of routing block pid_m's activations (row = pair // rows_per_pair) and the mask
@@ -356,24 +383,13 @@ def nvfp4_moe_gemm1_gluon_kernel(
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
         a_l: gl.constexpr = _operand_layout(BLOCK_M, WARPS)
-        w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
-        s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
-        wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
-        sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
+        wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = _gemm1_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
 
         wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _gemm1_sources(
             x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
             stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N, QK, SK, WARPS)  # fmt: skip
 
-        k_begin = 0
-        k_end = hidden_size
-        if SPLITS > 1:
-            k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
-            k_end = gl.minimum(k_begin + k_per_split, hidden_size)
-        steps = gl.cdiv(k_end - k_begin, BLOCK_K)
+        k_begin, steps = _k_slice(hidden_size, k_per_split, BLOCK_K, SPLITS)
         for i in gl.static_range(STAGES - 1):
             if i < steps:
                 _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
@@ -473,13 +489,9 @@ def nvfp4_moe_gemm2_gluon_kernel(
         s_base = ws_ptr + e64 * stride_se
         x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, BLOCK_M, QK, WARPS)
 
-        k_begin = 0
-        k_end = inter_size
+        k_begin, k_steps = _k_slice(inter_size, k_per_split, BLOCK_K, SPLITS)
         if SPLITS > 1:
-            k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
-            k_end = gl.minimum(k_begin + k_per_split, inter_size)
             y_ptr += gl.program_id(2).to(gl.int64) * num_pairs * stride_yt
-        k_steps = gl.cdiv(k_end - k_begin, BLOCK_K)
         programs = gl.num_programs(1)
         steps = gl.cdiv(gl.cdiv(hidden_size, BLOCK_N) - pid_n, programs) * k_steps
         # the row pointers of the tile whose copies are issued next (STAGES - 1 steps ahead of the one computed)

@@ -204,12 +204,7 @@ def decode_issue_ws_kernel(
     """The K step with its copies issued by warps of their own (warp specialization): WARPS consumer warps decode and
     multiply, WARPS producer warps copy (PRODUCER_REGS registers each), ``full`` and ``empty`` mbarriers a slot between
     them. (``warp_specialize`` takes a list of (function, arguments) in Triton 3.6 and 3.8.)"""
-    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BN, _QK], gl.int16)
-    wg_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
-    wu_s = gl.allocate_shared_memory(gl.int16, [_STAGES, _BN, _QK], w_sl)
-    sg_s = gl.allocate_shared_memory(gl.uint8, [_STAGES, _BN, _SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    su_s = gl.allocate_shared_memory(gl.uint8, [_STAGES, _BN, _SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    x0_s, x1_s, x2_s, x3_s = g._activation_rings(_STAGES, _BM, _QK)
+    wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g._gemm1_rings(_STAGES, _BM, _BN, _QK, _SK)
     full = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(_STAGES):

@@ -133,25 +133,14 @@ def nvfp4_moe_gemm1_ws_kernel(
         g._griddepcontrol(False)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
-        s_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
-        wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_sl)
-        sg_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], s_sl)
-        x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
+        wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g._gemm1_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(STAGES):
             mbarrier.init(full.index(b), count=32 * PRODUCER_WARPS)  # every producer thread arrives
             mbarrier.init(empty.index(b), count=1)  # one consumer thread arrives, after the consumers' barrier
 
-        k_begin = 0
-        k_end = hidden_size
-        if SPLITS > 1:
-            k_begin = gl.multiple_of(gl.program_id(2) * k_per_split, BLOCK_K)
-            k_end = gl.minimum(k_begin + k_per_split, hidden_size)
-        steps = gl.cdiv(k_end - k_begin, BLOCK_K)
+        k_begin, steps = g._k_slice(hidden_size, k_per_split, BLOCK_K, SPLITS)
         consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps)
         producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
                     e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we,
