@@ -449,6 +449,18 @@ def _issue_gemm2_copies(
 
 
 @gluon.jit
+def _gemm2_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+                 SK: gl.constexpr):  # fmt: skip
+    """gemm2's STAGES-deep rings: packed words [STAGES, BLOCK_N, QK] int16, scale codes [STAGES, BLOCK_N, SK] uint8,
+    and the four activation quarters (``_activation_rings``)."""
+    w_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
+    s_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
+    return w_s, s_s, x0_s, x1_s, x2_s, x3_s
+
+
+@gluon.jit
 def nvfp4_moe_gemm2_gluon_kernel(
     h_ptr,  # [P, I] bf16 from gemm1 (the kernel_wgmma K order)
     w_ptr,  # [E, H, I/4] int16, packed codes (kernel_wgmma layout)
@@ -481,10 +493,7 @@ def nvfp4_moe_gemm2_gluon_kernel(
     if expert >= 0:
         e64 = expert.to(gl.int64)
         mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
-        w_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16))  # fmt: skip
-        s_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        x0_s, x1_s, x2_s, x3_s = _activation_rings(STAGES, BLOCK_M, QK)
+        w_s, s_s, x0_s, x1_s, x2_s, x3_s = _gemm2_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
         w_base = w_ptr + e64 * stride_we
         s_base = ws_ptr + e64 * stride_se
         x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, BLOCK_M, QK, WARPS)

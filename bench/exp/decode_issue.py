@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from ws_gemm1 import _consume
+from ws_gemms import _consume, ws_barriers
 
 from sglang_glm5 import bench_real, nvfp4
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
@@ -158,7 +158,7 @@ _QK, _SK, _HELD = gl.constexpr(BLOCK_K // 4), gl.constexpr(BLOCK_K // 16), gl.co
 @gluon.jit
 def _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, GATE_THEN_UP: gl.constexpr):
     """The WS form's default partition: the K step on each slot once ``full`` says it landed, then ``empty``
-    (``ws_gemm1._consume``, the real gemm1's consumers); then the accumulators' sum to ``out_ptr``."""
+    (``ws_gemms._consume``, the real gemm1's consumers); then the accumulators' sum to ``out_ptr``."""
     acc_g, acc_u = _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, reps, GATE_THEN_UP)
     mma: gl.constexpr = g._mma_layout(_BM, _WARPS)
     n = gl.arange(0, _BN, layout=gl.SliceLayout(1, mma))
@@ -205,11 +205,7 @@ def decode_issue_ws_kernel(
     multiply, WARPS producer warps copy (PRODUCER_REGS registers each), ``full`` and ``empty`` mbarriers a slot between
     them. (``warp_specialize`` takes a list of (function, arguments) in Triton 3.6 and 3.8.)"""
     wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g._gemm1_rings(_STAGES, _BM, _BN, _QK, _SK)
-    full = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(_STAGES):
-        mbarrier.init(full.index(b), count=32 * _WARPS)  # the producer's threads
-        mbarrier.init(empty.index(b), count=1)
+    full, empty = ws_barriers(_STAGES, _WARPS)
     consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps)
     producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_ptr, ws_ptr, x_ptr, ids_ptr, reps,
                 regions)  # fmt: skip
