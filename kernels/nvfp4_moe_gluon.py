@@ -461,6 +461,38 @@ def _gemm2_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _gemm2_pairs(sorted_ids_ptr, topk_weights_ptr, wgs_ptr, e64, pid_m, num_pairs, BLOCK_M: gl.constexpr,
+                 mma: gl.constexpr):  # fmt: skip
+    """Routing block pid_m's pairs in the accumulators' layout: which are real, their ids (padding at 0, int64), and
+    each one's output scale (global scale * 2^7 * top-k weight)."""
+    pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
+    pair_ok = pair_o < num_pairs
+    pair_safe = gl.where(pair_ok, pair_o, 0).to(gl.int64)
+    # DECODE_UNSCALE = 2^7
+    scale = gl.load(wgs_ptr + e64) * 128.0 * gl.load(topk_weights_ptr + pair_safe, mask=pair_ok, other=0.0)
+    return pair_ok, pair_safe, scale
+
+
+@gluon.jit
+def _gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+                  LOOKAHEAD: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
+    """One K step of gemm2 from ring slot ``slot`` (its copies landed), its wgmmas waited for: the accumulator."""
+    acc = _matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
+                         x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),
+                         x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, LOOKAHEAD, a_l)  # fmt: skip
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _gemm2_store(acc, tile, scale, pair_ok, pair_safe, y_ptr, hidden_size, stride_yt, BLOCK_N: gl.constexpr,
+                 mma: gl.constexpr):  # fmt: skip
+    """N tile ``tile`` of y: the accumulator times each pair's scale (``_gemm2_pairs``), in y's dtype."""
+    n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    y = (acc * scale[None, :]).to(y_ptr.dtype.element_ty)
+    gl.store(y_ptr + pair_safe[None, :] * stride_yt + n[:, None], y, mask=pair_ok[None, :] & (n < hidden_size)[:, None])
+
+
+@gluon.jit
 def nvfp4_moe_gemm2_gluon_kernel(
     h_ptr,  # [P, I] bf16 from gemm1 (the kernel_wgmma K order)
     w_ptr,  # [E, H, I/4] int16, packed codes (kernel_wgmma layout)
@@ -514,11 +546,8 @@ def nvfp4_moe_gemm2_gluon_kernel(
                                     s_rows, x_rows, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
 
-        pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
-        pair_ok = pair_o < num_pairs
-        pair_safe = gl.where(pair_ok, pair_o, 0).to(gl.int64)
-        # DECODE_UNSCALE = 2^7
-        scale = gl.load(wgs_ptr + e64) * 128.0 * gl.load(topk_weights_ptr + pair_safe, mask=pair_ok, other=0.0)
+        pair_ok, pair_safe, scale = _gemm2_pairs(sorted_ids_ptr, topk_weights_ptr, wgs_ptr, e64, pid_m, num_pairs,
+                                                 BLOCK_M, mma)  # fmt: skip
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         for i in range(steps):
             slot = i % STAGES
@@ -533,16 +562,11 @@ def nvfp4_moe_gemm2_gluon_kernel(
                 _issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES, k_begin + k_nxt * BLOCK_K,
                                     w_rows, s_rows, x_rows, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
-            acc = _matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
-                                 x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),
-                                 x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, LOOKAHEAD,
-                                 _operand_layout(BLOCK_M, WARPS))  # fmt: skip
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = _gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N, QK, LOOKAHEAD,
+                                _operand_layout(BLOCK_M, WARPS))  # fmt: skip
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
-                n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-                y = (acc * scale[None, :]).to(y_ptr.dtype.element_ty)
-                gl.store(y_ptr + pair_safe[None, :] * stride_yt + n[:, None], y,
-                         mask=pair_ok[None, :] & (n < hidden_size)[:, None])  # fmt: skip
+                _gemm2_store(acc, pid_n + (i // k_steps) * programs, scale, pair_ok, pair_safe, y_ptr, hidden_size,
+                             stride_yt, BLOCK_N, mma)  # fmt: skip
                 acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         cp.wait_group(0)
         if PDL:

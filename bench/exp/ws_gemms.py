@@ -40,7 +40,7 @@ from decode_cases import OP_KWARGS, cached_config, cases, floor_ms, generator, k
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from sglang_glm5 import bench_real
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
@@ -126,7 +126,6 @@ def _produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr,
     QK: gl.constexpr = wg_s.shape[2]
     SK: gl.constexpr = sg_s.shape[2]
     BLOCK_M: gl.constexpr = x0_s.shape[1]
-    BLOCK_K: gl.constexpr = 4 * QK
     PRODUCER_WARPS: gl.constexpr = gl.num_warps()
     wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g._gemm1_sources(
         x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
@@ -135,7 +134,7 @@ def _produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr,
         slot = i % STAGES
         if i >= STAGES:
             mbarrier.wait(empty.index(slot), ((i // STAGES) - 1) & 1)
-        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + i * BLOCK_K, wg_rows,
+        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + i * 4 * QK, wg_rows,
                               wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
                               PRODUCER_WARPS)  # fmt: skip
         cp.mbarrier_arrive(full.index(slot), increment_count=False)  # this thread's arrival, once its copies land
@@ -195,27 +194,19 @@ def _consume2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, k_steps, pid
     BLOCK_M: gl.constexpr = x0_s.shape[1]
     WARPS: gl.constexpr = gl.num_warps()
     mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
+    a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
     programs = gl.num_programs(1)
-    pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
-    pair_ok = pair_o < num_pairs
-    pair_safe = gl.where(pair_ok, pair_o, 0).to(gl.int64)
-    # DECODE_UNSCALE = 2^7
-    scale = gl.load(wgs_ptr + e64) * 128.0 * gl.load(topk_weights_ptr + pair_safe, mask=pair_ok, other=0.0)
+    pair_ok, pair_safe, scale = g._gemm2_pairs(sorted_ids_ptr, topk_weights_ptr, wgs_ptr, e64, pid_m, num_pairs,
+                                               BLOCK_M, mma)  # fmt: skip
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     for i in range(steps):
         slot = i % STAGES
         mbarrier.wait(full.index(slot), (i // STAGES) & 1)
-        acc = g._matrix_k_step(w_s.index(slot), s_s.index(slot), x0_s.index(slot).permute((1, 0)),
-                               x1_s.index(slot).permute((1, 0)), x2_s.index(slot).permute((1, 0)),
-                               x3_s.index(slot).permute((1, 0)), acc, BLOCK_N, QK, _LOOKAHEAD,
-                               g._operand_layout(BLOCK_M, WARPS))  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = g._gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N, QK, _LOOKAHEAD, a_l)
         _release(empty, slot)
         if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
-            n = (pid_n + (i // k_steps) * programs) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-            y = (acc * scale[None, :]).to(y_ptr.dtype.element_ty)
-            gl.store(y_ptr + pair_safe[None, :] * stride_yt + n[:, None], y,
-                     mask=pair_ok[None, :] & (n < hidden_size)[:, None])  # fmt: skip
+            g._gemm2_store(acc, pid_n + (i // k_steps) * programs, scale, pair_ok, pair_safe, y_ptr, hidden_size,
+                           stride_yt, BLOCK_N, mma)  # fmt: skip
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
 
 
@@ -229,7 +220,6 @@ def _produce2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, h_ptr, w_ptr, ws_pt
     BLOCK_N: gl.constexpr = w_s.shape[1]
     QK: gl.constexpr = w_s.shape[2]
     BLOCK_M: gl.constexpr = x0_s.shape[1]
-    BLOCK_K: gl.constexpr = 4 * QK
     PRODUCER_WARPS: gl.constexpr = gl.num_warps()
     programs = gl.num_programs(1)
     w_base = w_ptr + e64 * stride_we
@@ -246,7 +236,7 @@ def _produce2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, h_ptr, w_ptr, ws_pt
         slot = i % STAGES
         if i >= STAGES:
             mbarrier.wait(empty.index(slot), ((i // STAGES) - 1) & 1)
-        g._issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + kk * BLOCK_K, w_rows, s_rows, x_rows,
+        g._issue_gemm2_copies(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + kk * 4 * QK, w_rows, s_rows, x_rows,
                               x_ok, QK, PRODUCER_WARPS)  # fmt: skip
         cp.mbarrier_arrive(full.index(slot), increment_count=False)
 
