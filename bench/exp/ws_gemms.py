@@ -22,6 +22,8 @@ and each gemm2 form of FORMS2 in its place. Timings alternate between the forms 
 with each GEMM's device time from the profiler, against the touched-experts floor; every form's output must have the
 shipped bits (a Gluon gemm2's, at least those of the shipped Gluon gemm2). Nothing here runs in the op outside this
 script.
+Each warp-specialized form first runs once in a process of its own (``smoke``): one that hangs, fails or changes the
+bits is left out of the timings, and the run goes on.
 Usage: python bench/exp/ws_gemms.py OUT_DIR   (EXP_BATCHES, default 2,4,8,16,32,64,128,256; EXP_GEMMS, default
        gemm1,gemm2: whose forms to time)
        python bench/exp/ws_gemms.py --aot     (no GPU: registers, spills and shared memory of the forms, sm_90)
@@ -357,13 +359,16 @@ def forms_of(cfg: MoeConfig) -> dict[str, tuple[MoeConfig, str, InPlace | None]]
     forms: dict[str, tuple[MoeConfig, str, InPlace | None]] = {"shipped": (cfg, GEMM1, None)}
     if cfg.gemm1.gluon and "gemm1" in GEMMS:
         for name, (gate_then_up, cap, producer_regs) in FORMS.items():
-            forms[name] = (cfg, GEMM1, InPlace(nvfp4_moe_gemm1_ws_kernel, GATE_THEN_UP=gate_then_up,
-                                               PRODUCER_REGS=producer_regs, maxnreg=cap))  # fmt: skip
+            if name not in SKIP:
+                forms[name] = (cfg, GEMM1, InPlace(nvfp4_moe_gemm1_ws_kernel, GATE_THEN_UP=gate_then_up,
+                                                   PRODUCER_REGS=producer_regs, maxnreg=cap))  # fmt: skip
     if "gemm2" in GEMMS and cfg.gemm2.gluon_takes and cfg.gemm2.num_warps == 4 and cfg.gemm2.block_n in FORMS2:
         cfg2 = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, gluon=True))
         forms["gemm2-gl"] = (cfg2, GEMM2, None)
         for name, (cap, producer_regs) in FORMS2[cfg.gemm2.block_n].items():
-            forms[name] = (cfg2, GEMM2, InPlace(nvfp4_moe_gemm2_ws_kernel, PRODUCER_REGS=producer_regs, maxnreg=cap))
+            if name not in SKIP:
+                forms[name] = (cfg2, GEMM2, InPlace(nvfp4_moe_gemm2_ws_kernel, PRODUCER_REGS=producer_regs,
+                                                    maxnreg=cap))  # fmt: skip
     return forms
 
 
@@ -385,7 +390,7 @@ def compare(name: str, batch: int, cfg: MoeConfig, bundles, inputs, floor: float
     forms = forms_of(cfg)
     out = {form: with_kernel(attr, kernel, once(tiles)) for form, (tiles, attr, kernel) in forms.items()}
     same = {form: bool(torch.equal(y, out["shipped"])) for form, y in out.items()}
-    same_gl = {form: bool(torch.equal(y, out["gemm2-gl"])) for form, y in out.items() if form.startswith("ws2")}
+    same_gl = {form: bool(torch.equal(y, out[reference(form)])) for form, y in out.items() if form.startswith("ws2")}
     ms: dict[str, list[float]] = {form: [] for form in forms}
     for _ in range(3):  # alternating, so that a drift of the GPU's clocks falls on every form alike
         for form, (tiles, attr, kernel) in forms.items():
@@ -407,7 +412,54 @@ def compare(name: str, batch: int, cfg: MoeConfig, bundles, inputs, floor: float
             "same_bits_as_gemm2_gl": same_gl, "of_floor": {form: floor / v for form, v in med.items()}}  # fmt: skip
 
 
+SMOKE_S = 150  # seconds a form's first call may take in a process of its own (compiles included) before it is hung
+SKIP: set[str] = set()  # forms that failed their smoke run: ``forms_of`` leaves them out
+
+
+def reference(form: str) -> str:
+    """The form whose bits ``form``'s must have: a warp-specialized gemm2's, the same tile in the shipped Gluon
+    gemm2; every other form's, the shipped op."""
+    return "gemm2-gl" if form.startswith("ws2") else "shipped"
+
+
+def smoke_form(form: str) -> int:
+    """``--smoke FORM``, in a process of its own: one op call with ``form`` on the first EP8 case (B = 64, then 128)
+    whose cached tiles it takes, synchronized, against its reference's bits. 0: the same bits; 3: other bits; 4: no case
+    takes it (an error exits 1). A form that hangs is killed by ``smoke``'s timeout."""
+    for _, layout, bundles, batch, inputs in cases(generator(43), (64, 128)):
+        forms = forms_of(cached_config(layout, batch))
+        if form in forms:
+            x, w, ids = inputs[0]
+            layer = bundles[0]
+            outs = {}
+            for name in (reference(form), form):
+                tiles, attr, kernel = forms[name]
+                outs[name] = with_kernel(attr, kernel, lambda t=tiles, x=x, layer=layer, w=w, ids=ids: fused_moe(
+                    x, layer, w, ids, config=t, **OP_KWARGS))  # fmt: skip
+            torch.cuda.synchronize()
+            return 0 if torch.equal(outs[form], outs[reference(form)]) else 3
+    return 4
+
+
+def smoke() -> None:
+    """Each warp-specialized form of GEMMS once in a process of its own (``smoke_form``), so that a form that hangs or
+    fails costs SMOKE_S seconds, not the run: the ones that do not pass go into SKIP."""
+    import subprocess
+
+    names = [*FORMS] * ("gemm1" in GEMMS) + [n for forms in FORMS2.values() for n in forms] * ("gemm2" in GEMMS)
+    for name in names:
+        try:
+            rc = subprocess.run([sys.executable, __file__, "--smoke", name], timeout=SMOKE_S).returncode
+            verdict = {0: "same bits", 3: "OTHER BITS", 4: "no case takes it"}.get(rc, f"failed (exit {rc})")
+        except subprocess.TimeoutExpired:
+            rc, verdict = -1, f"HUNG (killed after {SMOKE_S} s)"
+        print(f"smoke {name}: {verdict}", flush=True)
+        if rc not in (0, 4):
+            SKIP.add(name)
+
+
 def main(out: Path) -> None:
+    smoke()
     gen = generator(43)
     bw = bench_real.copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, triton {triton.__version__}",
@@ -440,5 +492,7 @@ if __name__ == "__main__":
                         print(f"{kernel} {name} {label} splits={splits}: {regs} registers at launch, setmaxnreg "
                               f"{nreg}, {spills} local loads and stores ({loop_spills} in the {loop}-instruction K "
                               f"loop), {shared} B")  # fmt: skip
+    elif sys.argv[1:2] == ["--smoke"]:
+        sys.exit(smoke_form(sys.argv[2]))
     else:
         main(Path(sys.argv[1]))
