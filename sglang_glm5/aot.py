@@ -7,11 +7,13 @@ JSON in, JSON out) and ``run_jobs`` calls it in fresh processes (``python -P -m 
 interpreter off), up to one per CPU core. A job that raises comes back as its error line, per job.
 
 ``memoized`` keeps sizes on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) under keys that carry the
-Triton version and ``source_digest`` of the kernel file, so an edited kernel is compiled again.
+Triton version and ``source_digest`` of the kernel file and the package modules it imports, so an edited kernel (or
+an edited helper it imports) is compiled again.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
@@ -26,14 +28,62 @@ from pathlib import Path
 MAX_WORKERS = 16
 
 
+PACKAGE = "sglang_glm5"
+
+
 @functools.cache
 def source_digest(module: str) -> str:
-    """12 hex digits of the SHA-256 of a module's source file (the kernels' fingerprint in memo keys);
-    read once per process, not once per memo key."""
+    """12 hex digits of the SHA-256 of a module's source file and of every module of the package it imports, directly
+    or not (``package_sources``): the kernels' fingerprint in memo keys, so that an edit to a helper a kernel file
+    imports compiles it again too; read once per process, not once per memo key."""
+    digest = hashlib.sha256()
+    for path in package_sources(module):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def package_sources(module: str) -> list[Path]:
+    """The source files of ``module`` and of the package's modules its ``import`` statements name (anywhere in the
+    file, read with ``ast``), transitively, in the order first reached."""
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen[name] = path = _source_file(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        todo += _package_imports(ast.parse(path.read_text(), str(path)), package)
+    return list(seen.values())
+
+
+def _source_file(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ValueError(f"source_digest: no source file for module {module!r}")
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:12]
+    return Path(spec.origin)
+
+
+def _package_imports(tree: ast.Module, package: str) -> list[str]:
+    """The package's modules that a module's import statements name (``package``: the one it is in, for relative
+    imports): ``import m``, ``from m import x`` and, where m is a package, ``from m import sub``."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            names += [base, *(f"{base}.{alias.name}" for alias in node.names if _is_submodule(base, alias.name))]
+    return [n for n in names if n == PACKAGE or n.startswith(PACKAGE + ".")]
+
+
+def _is_submodule(base: str, name: str) -> bool:
+    """Whether ``from base import name`` names a module of the package (base one of its packages)."""
+    if base.split(".")[0] != PACKAGE:
+        return False
+    spec = importlib.util.find_spec(base)
+    folders = (spec.submodule_search_locations or []) if spec else []
+    return any((Path(folder) / f"{name}.py").is_file() for folder in folders)
 
 
 def run_jobs(function: str, jobs: list[list]) -> list:

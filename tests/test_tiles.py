@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_glm5 import aot
+from sglang_glm5.aot import package_sources, source_digest
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16
@@ -49,6 +51,40 @@ def test_compiled_shared_bytes_is_memoized_on_disk(fresh_cache):
     key = next(iter(memo))
     (fresh_cache / "aot_shared.json").write_text(json.dumps({key: 12345}))
     assert w4a16.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
+
+
+# The memo's fingerprint of a kernel file covers the package modules it imports: an edit to nvfp4_decode.py (the decode
+# the GEMM kernels import) or to nvfp4.py (whose bit positions that decode reads) must compile them again.
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        ("sglang_glm5.kernels.nvfp4_moe", {"nvfp4_decode.py", "nvfp4.py"}),
+        ("sglang_glm5.kernels.nvfp4_w4a4", {"nvfp4_moe.py", "nvfp4_decode.py", "nvfp4.py"}),
+        ("sglang_glm5.kernels.nvfp4_moe_gluon", {"nvfp4_decode.py", "nvfp4.py"}),
+        # `from sglang_glm5.kernels import nvfp4_route as _k`: a module named through its package
+        ("sglang_glm5.routing", {"nvfp4_route.py", "nvfp4_moe.py", "nvfp4_decode.py"}),
+    ],
+)
+def test_source_digest_covers_the_package_modules_a_kernel_file_imports(module, imported):
+    paths = package_sources(module)
+    names = [p.name for p in paths]
+    assert names[0] == f"{module.rpartition('.')[2]}.py" and imported <= set(names), names
+    assert len(paths) == len(set(paths)), "a file read twice"
+
+
+def test_source_digest_changes_with_an_imported_module(monkeypatch, tmp_path):
+    source_digest.cache_clear()
+    before = source_digest("sglang_glm5.kernels.nvfp4_moe")
+    decode = next(p for p in package_sources("sglang_glm5.kernels.nvfp4_moe") if p.name == "nvfp4_decode.py")
+    edited = tmp_path / "nvfp4_decode.py"
+    edited.write_text(decode.read_text() + "\n# an edit\n")
+    real = aot._source_file
+    monkeypatch.setattr(aot, "_source_file", lambda m: edited if m.endswith(".nvfp4_decode") else real(m))
+    source_digest.cache_clear()
+    try:
+        assert source_digest("sglang_glm5.kernels.nvfp4_moe") != before
+    finally:
+        source_digest.cache_clear()
 
 
 def test_sm120_compile_uses_mma_sync_not_wgmma(fresh_cache):

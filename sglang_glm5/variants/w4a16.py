@@ -238,7 +238,7 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
 
     from sglang_glm5.aot import source_digest
 
-    digest = source_digest("sglang_glm5.kernels.nvfp4_moe") + "+" + source_digest("sglang_glm5.kernels.nvfp4_decode")
+    digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
     if cfg.gluon:
         digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon")
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
