@@ -44,25 +44,16 @@ REGIONS = 128  # copies of the operands (4 K steps each, 13 MB in all: within th
 @gluon.jit
 def _sources(w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              BLOCK_K: gl.constexpr, WARPS: gl.constexpr, HELD: gl.constexpr):  # fmt: skip
-    """This program's region and the pointers its copies read (as ``nvfp4_moe_gemm1_gluon_kernel`` builds them): the
+    """This program's region and the pointers its copies read (``nvfp4_moe_gluon._gemm1_sources``, as the shipped
+    gemm1 builds them, for a region laid out as one expert of 2 * BLOCK_N rows, gate then up, and BLOCK_M pairs): the
     packed words' and scale codes' rows of gate and up, their columns, the activation rows and their mask."""
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
     region = (gl.program_id(0) % regions).to(gl.int64)
-    w_ptr += region * (2 * BLOCK_N * HELD * QK)
-    ws_ptr += region * (2 * BLOCK_N * HELD * SK)
-    x_ptr += region * (BLOCK_M * HELD * BLOCK_K)
-    wc_l: gl.constexpr = g._copy_layout(QK, WARPS)
-    sc_l: gl.constexpr = g._scale_copy_layout(WARPS)
-    rows_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wc_l)).to(gl.int64)
-    rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sc_l)).to(gl.int64)
-    w_cols = gl.arange(0, QK, layout=gl.SliceLayout(0, wc_l))
-    s_cols = gl.arange(0, SK, layout=gl.SliceLayout(0, sc_l))
-    x_rows, x_ok = g._activation_rows(x_ptr, ids_ptr, 0, BLOCK_M, 1, HELD * BLOCK_K, BLOCK_M, QK, WARPS)
-    wg_rows = w_ptr + rows_w * (HELD * QK)
-    wu_rows = w_ptr + (BLOCK_N + rows_w) * (HELD * QK)
-    sg_rows = ws_ptr + rows_s * (HELD * SK)
-    su_rows = ws_ptr + (BLOCK_N + rows_s) * (HELD * SK)
+    wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g._gemm1_sources(
+        x_ptr + region * (BLOCK_M * HELD * BLOCK_K), w_ptr, ws_ptr, ids_ptr, region, 0, 0, BLOCK_M, 1, BLOCK_N,
+        HELD * BLOCK_K, 2 * BLOCK_N * HELD * QK, HELD * QK, 2 * BLOCK_N * HELD * SK, HELD * SK, 0, BLOCK_N, BLOCK_M,
+        BLOCK_N, QK, SK, WARPS)  # fmt: skip
     return region, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok
 
 
