@@ -45,20 +45,20 @@ from sglang_glm5.kernels.nvfp4_decode import decode_ptx
 # The decode of bf16 weights in the kernel_wgmma layout (2), code position q: a 32-bit scale code per register.
 _PTX = gl.constexpr(tuple(decode_ptx(True, q, 2) for q in range(4)))
 # A CTA barrier: gl.thread_barrier in Triton 3.6, gl.barrier from 3.7.
-_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 
 @gluon.constexpr_function
-def _mma_layout(block_m, warps):
+def mma_layout(block_m, warps):
     """The wgmma accumulators [weight rows, block_m pairs]: ``warps`` / 4 warp groups stacked along the weight rows,
     64 rows each, one wgmma of N = block_m pairs."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16])
 
 
 @gluon.constexpr_function
-def _operand_layout(block_m, warps):
-    """The wgmma's register operand (the decoded weights) for ``_mma_layout(block_m, warps)``."""
-    return gl.DotOperandLayout(operand_index=0, parent=_mma_layout(block_m, warps), k_width=2)
+def operand_layout(block_m, warps):
+    """The wgmma's register operand (the decoded weights) for ``mma_layout(block_m, warps)``."""
+    return gl.DotOperandLayout(operand_index=0, parent=mma_layout(block_m, warps), k_width=2)
 
 
 @gluon.constexpr_function
@@ -80,7 +80,7 @@ def _decode(packed, scale, Q: gl.constexpr):
 
 
 @gluon.jit
-def _griddepcontrol(WAIT: gl.constexpr):
+def grid_dependency(WAIT: gl.constexpr):
     """``griddepcontrol.wait`` (WAIT) or ``griddepcontrol.launch_dependents``: see ``nvfp4_moe.after_previous_launch``
     and ``let_next_launch``. Harmless without a dependent launch."""
     if WAIT:
@@ -94,16 +94,16 @@ def _griddepcontrol(WAIT: gl.constexpr):
 def _mark_ready(ready_ptr, pid_m, READY: gl.constexpr):
     """``nvfp4_moe.mark_block_ready``: this program's tile of h for block pid_m is stored (release)."""
     if READY:
-        _cta_barrier()  # every thread's h is written before the counter says so
+        cta_barrier()  # every thread's h is written before the counter says so
         gl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
-def _program_block(block_expert_ptr, PDL: gl.constexpr, BLOCKS_LAST: gl.constexpr = False):
+def program_block(block_expert_ptr, PDL: gl.constexpr, BLOCKS_LAST: gl.constexpr = False):
     """(routing block, N program, the block's expert: -1 = no work) of this program: grid axes (block, N) or, with
     BLOCKS_LAST, (N, block); with PDL after waiting for the launch before it."""
     if PDL:
-        _griddepcontrol(True)
+        grid_dependency(True)
     pid_m = gl.program_id(1 if BLOCKS_LAST else 0)
     return pid_m, gl.program_id(0 if BLOCKS_LAST else 1), gl.load(block_expert_ptr + pid_m)
 
@@ -135,7 +135,7 @@ def _activation_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, QK: gl.conste
 
 
 @gluon.jit
-def _k_slice(k_size, k_per_split, BLOCK_K: gl.constexpr, SPLITS: gl.constexpr):
+def k_slice(k_size, k_per_split, BLOCK_K: gl.constexpr, SPLITS: gl.constexpr):
     """This program's first K column and its K steps: split ``gl.program_id(2)`` of ``k_per_split`` columns (SPLITS >
     1), else all of ``k_size``."""
     k_begin = 0
@@ -147,7 +147,7 @@ def _k_slice(k_size, k_per_split, BLOCK_K: gl.constexpr, SPLITS: gl.constexpr):
 
 
 @gluon.jit
-def _gemm1_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QK: gl.constexpr,
+def gemm1_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QK: gl.constexpr,
                  SK: gl.constexpr):  # fmt: skip
     """gemm1's STAGES-deep rings: packed words of gate and up [STAGES, BLOCK_N, QK] int16, their scale codes
     [STAGES, BLOCK_N, SK] uint8, and the four activation quarters (``_activation_rings``)."""
@@ -187,7 +187,7 @@ def _copy_activations(x0_s, x1_s, x2_s, x3_s, slot, x_rows, x_ok, k0, QK: gl.con
 
 
 @gluon.jit
-def _issue_gemm1_copies(
+def issue_gemm1_copies(
     wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s,  # the rings: packed gate, up; their scales; activation quarters
     slot,  # ring slot
     k0,  # the K step's first column
@@ -256,7 +256,7 @@ def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, s
 
 
 @gluon.jit
-def _gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt,
+def gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt,
                    stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, QK: gl.constexpr, SK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
     """What gemm1's copies read, in the copy layouts of WARPS warps: row pointers [BLOCK_N] of the packed words and
@@ -278,7 +278,7 @@ def _gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_
 
 
 @gluon.jit
-def _gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
+def gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
                   QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr,
                   a_l: gl.constexpr):  # fmt: skip
     """One K step of gemm1 from ring slot ``slot`` (its copies landed), its wgmmas waited for: the accumulators."""
@@ -306,13 +306,13 @@ def _gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, a
 
 
 @gluon.jit
-def _gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
+def gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
                   num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, WARPS: gl.constexpr, SPLITS: gl.constexpr, BLOCKS_LAST: gl.constexpr,
                   READY: gl.constexpr):  # fmt: skip
     """After the K loop: h of this program's tile (``_epilogue``), or with SPLITS its fp32 partials, the last program of
     the tile to arrive adding them in split order first; then the block's ready count (READY)."""
-    mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
+    mma: gl.constexpr = mma_layout(BLOCK_M, WARPS)
     n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     pair_o = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma)))
     ok = (pair_o < num_pairs)[None, :] & (n < inter_size)[:, None]
@@ -323,7 +323,7 @@ def _gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_pt
         p_ptrs = part_ptr + pair_safe[None, :] * (2 * inter_size) + n[:, None]
         gl.store(p_ptrs + gl.program_id(2) * split_stride, acc_g, mask=ok)
         gl.store(p_ptrs + gl.program_id(2) * split_stride + inter_size, acc_u, mask=ok)
-        _cta_barrier()  # every thread's partials are written before the counter says so
+        cta_barrier()  # every thread's partials are written before the counter says so
         counter = counter_ptr + pid_m * gl.num_programs(0 if BLOCKS_LAST else 1) + pid_n
         if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
             gl.store(counter, 0)  # ready for the next launch
@@ -376,23 +376,23 @@ def nvfp4_moe_gemm1_gluon_kernel(
     next launch may start once every program has started (gemm2 waits for each block's counter instead)."""
     QK: gl.constexpr = BLOCK_K // 4  # packed words a row a K step (4 codes each)
     SK: gl.constexpr = BLOCK_K // 16  # scale codes a row a K step
-    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL, BLOCKS_LAST)
+    pid_m, pid_n, expert = program_block(block_expert_ptr, PDL, BLOCKS_LAST)
     if PDL and READY:
-        _griddepcontrol(False)
+        grid_dependency(False)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
-        a_l: gl.constexpr = _operand_layout(BLOCK_M, WARPS)
-        wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = _gemm1_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
+        mma: gl.constexpr = mma_layout(BLOCK_M, WARPS)
+        a_l: gl.constexpr = operand_layout(BLOCK_M, WARPS)
+        wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = gemm1_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
 
-        wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _gemm1_sources(
+        wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = gemm1_sources(
             x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
             stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N, QK, SK, WARPS)  # fmt: skip
 
-        k_begin, steps = _k_slice(hidden_size, k_per_split, BLOCK_K, SPLITS)
+        k_begin, steps = k_slice(hidden_size, k_per_split, BLOCK_K, SPLITS)
         for i in gl.static_range(STAGES - 1):
             if i < steps:
-                _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
+                issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
                                     wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
                                     WARPS)  # fmt: skip
             cp.commit_group()
@@ -402,20 +402,20 @@ def nvfp4_moe_gemm1_gluon_kernel(
         for i in range(steps):
             slot = i % STAGES
             cp.wait_group(STAGES - 2)
-            _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if nxt < steps:
-                _issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES,
+                issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES,
                                     k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
                                     s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
-            acc_g, acc_u = _gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N,
+            acc_g, acc_u = gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N,
                                          QK, LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
         cp.wait_group(0)
         if PDL and not READY:
-            _griddepcontrol(False)
+            grid_dependency(False)
 
-        _gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
+        gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
                       num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS, SPLITS,
                       BLOCKS_LAST, READY)  # fmt: skip
 
@@ -521,16 +521,16 @@ def nvfp4_moe_gemm2_gluon_kernel(
     y = W2[e] h * global scale * 2^7 * top-k weight, as ``nvfp4_moe.nvfp4_moe_gemm2_kernel`` computes it."""
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
-    pid_m, pid_n, expert = _program_block(block_expert_ptr, PDL)
+    pid_m, pid_n, expert = program_block(block_expert_ptr, PDL)
     if expert >= 0:
         e64 = expert.to(gl.int64)
-        mma: gl.constexpr = _mma_layout(BLOCK_M, WARPS)
+        mma: gl.constexpr = mma_layout(BLOCK_M, WARPS)
         w_s, s_s, x0_s, x1_s, x2_s, x3_s = _gemm2_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
         w_base = w_ptr + e64 * stride_we
         s_base = ws_ptr + e64 * stride_se
         x_rows, x_ok = _activation_rows(h_ptr, sorted_ids_ptr, pid_m, num_pairs, 1, stride_ht, BLOCK_M, QK, WARPS)
 
-        k_begin, k_steps = _k_slice(inter_size, k_per_split, BLOCK_K, SPLITS)
+        k_begin, k_steps = k_slice(inter_size, k_per_split, BLOCK_K, SPLITS)
         if SPLITS > 1:
             y_ptr += gl.program_id(2).to(gl.int64) * num_pairs * stride_yt
         programs = gl.num_programs(1)
@@ -552,7 +552,7 @@ def nvfp4_moe_gemm2_gluon_kernel(
         for i in range(steps):
             slot = i % STAGES
             cp.wait_group(STAGES - 2)
-            _cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
+            cta_barrier()  # every thread's copies of step i landed; every wgmma of step i - 1 was waited for
             nxt = i + STAGES - 1
             if nxt < steps:
                 k_nxt = nxt % k_steps
@@ -563,14 +563,14 @@ def nvfp4_moe_gemm2_gluon_kernel(
                                     w_rows, s_rows, x_rows, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
             acc = _gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N, QK, LOOKAHEAD,
-                                _operand_layout(BLOCK_M, WARPS))  # fmt: skip
+                                operand_layout(BLOCK_M, WARPS))  # fmt: skip
             if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
                 _gemm2_store(acc, pid_n + (i // k_steps) * programs, scale, pair_ok, pair_safe, y_ptr, hidden_size,
                              stride_yt, BLOCK_N, mma)  # fmt: skip
                 acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         cp.wait_group(0)
         if PDL:
-            _griddepcontrol(False)
+            grid_dependency(False)
 
 
 def grid(num_blocks: int, n_size: int, block_n: int, splits: int, per_program: int = 1) -> tuple[int, int, int]:

@@ -26,10 +26,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from ws_gemms import _consume, ws_barriers
 
 from sglang_glm5 import bench_real, nvfp4
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
+from sglang_glm5.kernels.nvfp4_moe_gluon_ws import consume, ws_barriers
 
 BYTES_PER_WEIGHT = 0.5 + 1 / 16  # an e2m1 code and its share of an e4m3 block scale
 BLOCK_M, BLOCK_N, BLOCK_K, WARPS = 16, 64, 256, 4  # the shipped 2-stage Gluon tile (16x64x256-w4-s2-gl)
@@ -44,13 +44,13 @@ REGIONS = 128  # copies of the operands (4 K steps each, 13 MB in all: within th
 @gluon.jit
 def _sources(w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              BLOCK_K: gl.constexpr, WARPS: gl.constexpr, HELD: gl.constexpr):  # fmt: skip
-    """This program's region and the pointers its copies read (``nvfp4_moe_gluon._gemm1_sources``, as the shipped
+    """This program's region and the pointers its copies read (``nvfp4_moe_gluon.gemm1_sources``, as the shipped
     gemm1 builds them, for a region laid out as one expert of 2 * BLOCK_N rows, gate then up, and BLOCK_M pairs): the
     packed words' and scale codes' rows of gate and up, their columns, the activation rows and their mask."""
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
     region = (gl.program_id(0) % regions).to(gl.int64)
-    wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g._gemm1_sources(
+    wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g.gemm1_sources(
         x_ptr + region * (BLOCK_M * HELD * BLOCK_K), w_ptr, ws_ptr, ids_ptr, region, 0, 0, BLOCK_M, 1, BLOCK_N,
         HELD * BLOCK_K, 2 * BLOCK_N * HELD * QK, HELD * QK, 2 * BLOCK_N * HELD * SK, HELD * SK, 0, BLOCK_N, BLOCK_M,
         BLOCK_N, QK, SK, WARPS)  # fmt: skip
@@ -84,8 +84,8 @@ def decode_issue_kernel(
     region, wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = _sources(
         w_ptr, ws_ptr, x_ptr, ids_ptr, regions, BLOCK_M, BLOCK_N, BLOCK_K, WARPS, HELD
     )
-    mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
-    a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
+    mma: gl.constexpr = g.mma_layout(BLOCK_M, WARPS)
+    a_l: gl.constexpr = g.operand_layout(BLOCK_M, WARPS)
     wg_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
     wu_s = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QK], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -96,11 +96,11 @@ def decode_issue_kernel(
     su_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, SK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
     for step in gl.static_range(STAGES):
-        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
+        g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
                               sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
     cp.commit_group()
     cp.wait_group(0)
-    g._cta_barrier()
+    g.cta_barrier()
 
     acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
     acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -110,7 +110,7 @@ def decode_issue_kernel(
             cp.wait_group(STAGES - 2)
             if TMA and i >= STAGES - 1:  # step i's words (the first STAGES - 1 came with the fill above)
                 mbarrier.wait(bars.index(slot), ((i - STAGES + 1) // STAGES) & 1)
-            g._cta_barrier()
+            g.cta_barrier()
             nxt = (i + STAGES - 1) % STAGES
             data = (i + STAGES - 1) % HELD  # the K step of data the slot gets (step i reads step i % HELD's)
             if TMA:
@@ -122,12 +122,12 @@ def decode_issue_kernel(
                 cp.async_copy_global_to_shared(su_s.index(nxt), su_rows[:, None] + (data * SK + s_cols)[None, :])
                 g._copy_activations(x0_s, x1_s, x2_s, x3_s, nxt, x_rows, x_ok, data * BLOCK_K, QK, WARPS)
             else:
-                g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, data * BLOCK_K, wg_rows,
+                g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, data * BLOCK_K, wg_rows,
                                       wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
         elif BARRIER:
-            g._cta_barrier()
-        acc_g, acc_u = g._gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
+            g.cta_barrier()
+        acc_g, acc_u = g.gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
                                        LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
     cp.wait_group(0)
     if COPY and TMA:  # the words of the steps issued but not walked
@@ -149,9 +149,9 @@ _QK, _SK, _HELD = gl.constexpr(BLOCK_K // 4), gl.constexpr(BLOCK_K // 16), gl.co
 @gluon.jit
 def _ws_consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps, GATE_THEN_UP: gl.constexpr):
     """The WS form's default partition: the K step on each slot once ``full`` says it landed, then ``empty``
-    (``ws_gemms._consume``, the real gemm1's consumers); then the accumulators' sum to ``out_ptr``."""
-    acc_g, acc_u = _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, reps, GATE_THEN_UP)
-    mma: gl.constexpr = g._mma_layout(_BM, _WARPS)
+    (``nvfp4_moe_gluon_ws.consume``, the real gemm1's consumers); then the accumulators' sum to ``out_ptr``."""
+    acc_g, acc_u = consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, reps, GATE_THEN_UP)
+    mma: gl.constexpr = g.mma_layout(_BM, _WARPS)
     n = gl.arange(0, _BN, layout=gl.SliceLayout(1, mma))
     m = gl.arange(0, _BM, layout=gl.SliceLayout(0, mma))
     tile = gl.program_id(0).to(gl.int64) * _BN * _BM
@@ -181,7 +181,7 @@ def _ws_producer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_
         slot = i % _STAGES
         if i >= _STAGES:
             mbarrier.wait(empty.index(slot), ((i // _STAGES) - 1) & 1)
-        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, (i % _HELD) * _BK, wg_rows,
+        g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, (i % _HELD) * _BK, wg_rows,
                               wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, _QK, _WARPS)  # fmt: skip
         cp.mbarrier_arrive(full.index(slot), increment_count=False)  # each lane's arrival, once its copies land
 
@@ -195,7 +195,7 @@ def decode_issue_ws_kernel(
     """The K step with its copies issued by warps of their own (warp specialization): WARPS consumer warps decode and
     multiply, WARPS producer warps copy (PRODUCER_REGS registers each), ``full`` and ``empty`` mbarriers a slot between
     them. (``warp_specialize`` takes a list of (function, arguments) in Triton 3.6 and 3.8.)"""
-    wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g._gemm1_rings(_STAGES, _BM, _BN, _QK, _SK)
+    wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g.gemm1_rings(_STAGES, _BM, _BN, _QK, _SK)
     full, empty = ws_barriers(_STAGES, _WARPS)
     consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, out_ptr, reps)
     producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_ptr, ws_ptr, x_ptr, ids_ptr, reps,

@@ -46,12 +46,17 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from sglang_glm5 import bench_real
 from sglang_glm5.kernels import nvfp4_moe_gluon as g
+from sglang_glm5.kernels.nvfp4_moe_gluon_ws import (
+    CONSUMER_LOOKAHEAD,
+    nvfp4_moe_gemm1_ws_kernel,
+    release_slot,
+    ws_barriers,
+)
 from sglang_glm5.moe import fused_moe
 from sglang_glm5.tiles import MoeConfig
 
 BATCHES = [int(b) for b in os.environ.get("EXP_BATCHES", "2,4,8,16,32,64,128,256").split(",")]
 GEMMS = os.environ.get("EXP_GEMMS", "gemm1,gemm2").split(",")  # whose warp-specialized forms to time
-_LOOKAHEAD = gl.constexpr(1)  # quarters of wgmmas in flight while the next is decoded, as the op launches gemm1
 # (order, launch register cap, producer registers). The launch's cap times its 8 warps is the CTA's register budget: in
 # the partitions the producer warp group takes its registers a thread and the consumers the rest (outside them the
 # idle producer warps hold 24). So a cap of 64 keeps four programs per SM with the consumers at 96 registers beside a
@@ -66,126 +71,6 @@ FORMS2 = {64: {"ws2-64": (64, 32), "ws2-80": (80, 48)}, 128: {"ws2-128": (128, 4
 
 
 @gluon.jit
-def ws_barriers(STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr):
-    """A ring's ``full`` and ``empty`` mbarriers, one a slot: every producer thread arrives on ``full`` when its copies
-    land; one consumer thread arrives on ``empty``, after a barrier of the consumers' warps."""
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(STAGES):
-        mbarrier.init(full.index(b), count=32 * PRODUCER_WARPS)
-        mbarrier.init(empty.index(b), count=1)
-    return full, empty
-
-
-@gluon.jit
-def _release(empty, slot):
-    """The consumers are done with ``slot``: a barrier of their warps, then one arrival on its ``empty``."""
-    g._cta_barrier()  # a barrier of this partition's warps
-    mbarrier.arrive(empty.index(slot))
-
-
-@gluon.jit
-def _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, GATE_THEN_UP: gl.constexpr):
-    """The default partition's K loop: the shipped K step on each slot once ``full`` says it landed, then ``empty``.
-    Returns the accumulators of gate and up. (A partition's arguments reach it as values, not constexprs: the tile's
-    sizes come from the rings' shapes and the partition's warps.)"""
-    STAGES: gl.constexpr = wg_s.shape[0]
-    BLOCK_N: gl.constexpr = wg_s.shape[1]
-    QK: gl.constexpr = wg_s.shape[2]
-    BLOCK_M: gl.constexpr = x0_s.shape[1]
-    WARPS: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
-    a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
-    acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    acc_u = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    for i in range(steps):
-        slot = i % STAGES
-        mbarrier.wait(full.index(slot), (i // STAGES) & 1)
-        acc_g, acc_u = g._gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
-                                       _LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
-        _release(empty, slot)
-    return acc_g, acc_u
-
-
-@gluon.jit
-def _consume_interleaved(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps):
-    return _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, False)
-
-
-@gluon.jit
-def _consume_gate_then_up(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps):
-    return _consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, True)
-
-
-@gluon.jit
-def _produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
-             e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we, stride_wn,
-             stride_se, stride_sn, gate_row0, up_row0):  # fmt: skip
-    """The worker partition: the row pointers (as the shipped kernel builds them, in its copy layouts on this
-    partition's warps), then each K step's copies into its slot once ``empty`` frees it, arriving on ``full``."""
-    STAGES: gl.constexpr = wg_s.shape[0]
-    BLOCK_N: gl.constexpr = wg_s.shape[1]
-    QK: gl.constexpr = wg_s.shape[2]
-    SK: gl.constexpr = sg_s.shape[2]
-    BLOCK_M: gl.constexpr = x0_s.shape[1]
-    PRODUCER_WARPS: gl.constexpr = gl.num_warps()
-    wg_rows, wu_rows, sg_rows, su_rows, w_cols, s_cols, x_rows, x_ok = g._gemm1_sources(
-        x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt, stride_we,
-        stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M, BLOCK_N, QK, SK, PRODUCER_WARPS)  # fmt: skip
-    for i in range(steps):
-        slot = i % STAGES
-        if i >= STAGES:
-            mbarrier.wait(empty.index(slot), ((i // STAGES) - 1) & 1)
-        g._issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + i * 4 * QK, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
-                              PRODUCER_WARPS)  # fmt: skip
-        cp.mbarrier_arrive(full.index(slot), increment_count=False)  # this thread's arrival, once its copies land
-
-
-@gluon.jit
-def nvfp4_moe_gemm1_ws_kernel(
-    x_ptr, w_ptr, ws_ptr, wgs_ptr, sorted_ids_ptr, block_expert_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
-    num_pairs, top_k, inter_size, hidden_size, k_per_split,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_gse, stride_gsg, stride_ht, gate_row0, up_row0,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-    BLOCKS_LAST: gl.constexpr, READY: gl.constexpr = False,
-    PRODUCER_WARPS: gl.constexpr = 4,  # the copying partition's warps (a warp group: setmaxnreg works on those)
-    PRODUCER_REGS: gl.constexpr = 48,  # its registers a thread
-):  # fmt: skip
-    """``nvfp4_moe_gluon.nvfp4_moe_gemm1_gluon_kernel``'s arguments, grid and results; WARPS consumer warps (the
-    launch's num_warps) and PRODUCER_WARPS more."""
-    gl.static_assert(LOOKAHEAD == _LOOKAHEAD, "the consumer partition keeps _LOOKAHEAD quarters in flight")
-    QK: gl.constexpr = BLOCK_K // 4
-    SK: gl.constexpr = BLOCK_K // 16
-    pid_m, pid_n, expert = g._program_block(block_expert_ptr, PDL, BLOCKS_LAST)
-    if PDL and READY:
-        g._griddepcontrol(False)
-    if expert >= 0:
-        e64 = expert.to(gl.int64)
-        wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s = g._gemm1_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
-        full, empty = ws_barriers(STAGES, PRODUCER_WARPS)
-
-        k_begin, steps = g._k_slice(hidden_size, k_per_split, BLOCK_K, SPLITS)
-        consumer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps)
-        producer = (wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
-                    e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we,
-                    stride_wn, stride_se, stride_sn, gate_row0, up_row0)  # fmt: skip
-        if GATE_THEN_UP:
-            acc_g, acc_u = gl.warp_specialize([(_consume_gate_then_up, consumer), (_produce, producer)],
-                                              [PRODUCER_WARPS], [PRODUCER_REGS])  # fmt: skip
-        else:
-            acc_g, acc_u = gl.warp_specialize([(_consume_interleaved, consumer), (_produce, producer)],
-                                              [PRODUCER_WARPS], [PRODUCER_REGS])  # fmt: skip
-        if PDL and not READY:
-            g._griddepcontrol(False)
-
-        g._gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr,
-                        ready_ptr, num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS,
-                        SPLITS, BLOCKS_LAST, READY)  # fmt: skip
-
-
-@gluon.jit
 def _consume2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, k_steps, pid_m, pid_n, e64, wgs_ptr,
               topk_weights_ptr, sorted_ids_ptr, y_ptr, num_pairs, hidden_size, stride_yt):  # fmt: skip
     """gemm2's default partition: the shipped K step on each slot once ``full`` says it landed, ``empty`` after it,
@@ -195,8 +80,8 @@ def _consume2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, k_steps, pid
     QK: gl.constexpr = w_s.shape[2]
     BLOCK_M: gl.constexpr = x0_s.shape[1]
     WARPS: gl.constexpr = gl.num_warps()
-    mma: gl.constexpr = g._mma_layout(BLOCK_M, WARPS)
-    a_l: gl.constexpr = g._operand_layout(BLOCK_M, WARPS)
+    mma: gl.constexpr = g.mma_layout(BLOCK_M, WARPS)
+    a_l: gl.constexpr = g.operand_layout(BLOCK_M, WARPS)
     programs = gl.num_programs(1)
     pair_ok, pair_safe, scale = g._gemm2_pairs(sorted_ids_ptr, topk_weights_ptr, wgs_ptr, e64, pid_m, num_pairs,
                                                BLOCK_M, mma)  # fmt: skip
@@ -204,8 +89,8 @@ def _consume2(w_s, s_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, k_steps, pid
     for i in range(steps):
         slot = i % STAGES
         mbarrier.wait(full.index(slot), (i // STAGES) & 1)
-        acc = g._gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N, QK, _LOOKAHEAD, a_l)
-        _release(empty, slot)
+        acc = g._gemm2_k_step(w_s, s_s, x0_s, x1_s, x2_s, x3_s, slot, acc, BLOCK_N, QK, CONSUMER_LOOKAHEAD, a_l)
+        release_slot(empty, slot)
         if i % k_steps == k_steps - 1:  # the tile's last K step: store it, start the next
             g._gemm2_store(acc, pid_n + (i // k_steps) * programs, scale, pair_ok, pair_safe, y_ptr, hidden_size,
                            stride_yt, BLOCK_N, mma)  # fmt: skip
@@ -254,15 +139,17 @@ def nvfp4_moe_gemm2_ws_kernel(
 ):  # fmt: skip
     """``nvfp4_moe_gluon.nvfp4_moe_gemm2_gluon_kernel``'s arguments, grid and results (its loop over (N tile, K step)
     steps) with the copies on a producer warp group, as ``nvfp4_moe_gemm1_ws_kernel`` does for gemm1."""
-    gl.static_assert(LOOKAHEAD == _LOOKAHEAD, "the consumer partition keeps _LOOKAHEAD quarters in flight")
+    gl.static_assert(
+        LOOKAHEAD == CONSUMER_LOOKAHEAD, "the consumer partition keeps CONSUMER_LOOKAHEAD quarters in flight"
+    )
     QK: gl.constexpr = BLOCK_K // 4
     SK: gl.constexpr = BLOCK_K // 16
-    pid_m, pid_n, expert = g._program_block(block_expert_ptr, PDL)
+    pid_m, pid_n, expert = g.program_block(block_expert_ptr, PDL)
     if expert >= 0:
         e64 = expert.to(gl.int64)
         w_s, s_s, x0_s, x1_s, x2_s, x3_s = g._gemm2_rings(STAGES, BLOCK_M, BLOCK_N, QK, SK)
         full, empty = ws_barriers(STAGES, PRODUCER_WARPS)
-        k_begin, k_steps = g._k_slice(inter_size, k_per_split, BLOCK_K, SPLITS)
+        k_begin, k_steps = g.k_slice(inter_size, k_per_split, BLOCK_K, SPLITS)
         if SPLITS > 1:
             y_ptr += gl.program_id(2).to(gl.int64) * num_pairs * stride_yt
         steps = gl.cdiv(gl.cdiv(hidden_size, BLOCK_N) - pid_n, gl.num_programs(1)) * k_steps
@@ -273,7 +160,7 @@ def nvfp4_moe_gemm2_ws_kernel(
                     stride_se, stride_sn)  # fmt: skip
         gl.warp_specialize([(_consume2, consumer), (_produce2, producer)], [PRODUCER_WARPS], [PRODUCER_REGS])
         if PDL:
-            g._griddepcontrol(False)
+            g.grid_dependency(False)
 
 
 class InPlace:
