@@ -37,6 +37,9 @@ class GemmConfig:
     # the Gluon gemm1 only: a K step's gate quarters, then up's (one matrix's packed words in registers at a time);
     # the same sums in the same order, so the same bits; the Triton kernels ignore it
     gate_then_up: bool = False
+    # the Gluon gemm1 only: its copies issued by a warp group of their own (warp specialization, 4 more warps beside
+    # the tile's 4); the same sums in the same order, so the same bits; the Triton kernels ignore it
+    producer: bool = False
     # variants.w4a16's Triton gemm2 only: K (I) in one step, several N tiles a program on the block's activations
     # loaded once (``ONE_K_STEP``), its only form; so its shared memory is that form's alone (GLM-5 TP8, I = 256:
     # 128x128x256-w8-s3 takes 233472 B on sm_90 in the forms that loop over K, past the 232448 B limit, and fits
@@ -76,6 +79,11 @@ class GemmConfig:
             )
         if self.gate_then_up and not self.gluon:
             raise ValueError(f"GemmConfig: gate_then_up orders the Gluon gemm1's wgmmas (needs gluon=True), got {self}")
+        if self.producer and not (self.gluon and self.num_warps == 4):
+            raise ValueError(
+                f"GemmConfig: producer gives the Gluon gemm1 of one warp group (gluon=True, 4 warps) a copying warp "
+                f"group, got {self}"
+            )
         if self.one_k_step and (self.gluon or self.has_plan):
             raise ValueError(
                 f"GemmConfig: one_k_step is a form of the Triton gemm2, which does not split K in it, got {self}"
@@ -105,23 +113,25 @@ class GemmConfig:
         split = f"-k{self.split_k}" if self.split_k else f"-p{self.programs_per_sm}" if self.programs_per_sm else ""
         if self.stream:
             split = f"-sk{self.stream}"
-        form = ("-gl" if self.gluon else "") + ("-gu" if self.gate_then_up else "") + ("-1k" if self.one_k_step else "")
+        form = "".join(mark for mark, on in (("-gl", self.gluon), ("-gu", self.gate_then_up), ("-ws", self.producer),
+                                             ("-1k", self.one_k_step)) if on)  # fmt: skip
         return f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}{split}{form}"
 
     @classmethod
     def from_label(cls, label: str) -> GemmConfig:
         """The config of ``label`` ("16x128x256-w4-s3", with "-k2", "-p1" or "-sk2" for a fixed split, plan or stream-K
-        schedule, then "-gl" for the Gluon kernels, "-gu" for gemm1's gate-then-up order and "-1k" for gemm2's one K
-        step)."""
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?(-gu)?(-1k)?", label)
+        schedule, then "-gl" for the Gluon kernels, "-gu" for gemm1's gate-then-up order, "-ws" for its producer warp
+        group and "-1k" for gemm2's one K step)."""
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)-w(\d+)-s(\d+)(?:-k(\d+)|-p(\d+)|-sk(\d+))?(-gl)?(-gu)?(-ws)?(-1k)?", label)
         if m is None:
             raise ValueError(
-                f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl][-gu][-1k], got {label!r}"
+                f"config label: expected like 16x128x256-w4-s3[-k2|-p1|-sk2][-gl][-gu][-ws][-1k], got {label!r}"
             )
-        *sizes, gluon, gate_then_up, one_k_step = m.groups()
+        *sizes, gluon, gate_then_up, producer, one_k_step = m.groups()
         block_m, block_n, block_k, warps, stages, split_k, per_sm, stream = (int(v) if v else 0 for v in sizes)
         return cls(block_m, block_n, block_k, warps, stages, split_k=split_k, programs_per_sm=per_sm, stream=stream,
-                   gluon=bool(gluon), gate_then_up=bool(gate_then_up), one_k_step=bool(one_k_step))  # fmt: skip
+                   gluon=bool(gluon), gate_then_up=bool(gate_then_up), producer=bool(producer),
+                   one_k_step=bool(one_k_step))  # fmt: skip
 
     def as_dict(self) -> dict[str, int]:
         d = {
@@ -141,6 +151,8 @@ class GemmConfig:
             d["gluon"] = True
         if self.gate_then_up:
             d["gate_then_up"] = True
+        if self.producer:
+            d["producer"] = True
         if self.one_k_step:
             d["one_k_step"] = True
         return d

@@ -31,7 +31,8 @@ def test_compiles_for_sm90_with_async_wgmma():
     forms = [("gemm1", 1, False, w4a16_gluon.TILE.label), ("gemm1", 4, True, w4a16_gluon.TILE.label),
              ("gemm1", 3, True, two), ("gemm1", 3, True, w4a16_gluon.GATE_THEN_UP_TILE.label),
              ("gemm2", 1, True, w4a16_gluon.GEMM2_TILE.label),
-             ("gemm2", 3, False, w4a16_gluon.GEMM2_TILE.label)]  # fmt: skip
+             ("gemm2", 3, False, w4a16_gluon.GEMM2_TILE.label),
+             *[("gemm1", s, True, t.label) for t in w4a16_gluon.PRODUCER_TILES for s in (1, 3)]]  # fmt: skip
     jobs = [[90, s, p, tile, k] for k, s, p, tile in forms]
     results = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
     limit = min(t.shared_per_block for t in TARGETS.values() if t.arch == 90)
@@ -41,10 +42,16 @@ def test_compiles_for_sm90_with_async_wgmma():
         assert got["wgmma"] and got["cp_async"]
         assert got["gdc_wait"] is pdl and got["gdc_launch"] is pdl
         assert got["atomic"] is (kernel == "gemm1" and splits > 1), "gemm1's split counter, and only there"
-        gate_then_up = tile == w4a16_gluon.GATE_THEN_UP_TILE.label
-        assert got["maxnreg"] == (w4a16_gluon.REGISTER_CAP if gate_then_up else None), "four 2-stage programs an SM"
-        if kernel == "gemm1" and GemmConfig.from_label(tile).num_stages == 2:
-            assert got["shared"] == 53248, "the 2-stage tile's shared memory: four programs fit an H200 SM"
+        cfg = GemmConfig.from_label(tile)
+        assert got["setmaxnreg"] is got["mbarrier_arrive"] is cfg.producer, "the producer form's partitions"
+        if cfg.producer:  # the CTA's register budget, split between the partitions (PRODUCER_FORMS)
+            assert got["maxnreg"] == w4a16_gluon.PRODUCER_FORMS[cfg.gate_then_up][0]
+        else:
+            gate_then_up = tile == w4a16_gluon.GATE_THEN_UP_TILE.label
+            assert got["maxnreg"] == (w4a16_gluon.REGISTER_CAP if gate_then_up else None), "four 2-stage programs"
+        if kernel == "gemm1" and cfg.num_stages == 2:
+            # the 2-stage tile's shared memory, four programs an H200 SM; the producer form's mbarriers beside it
+            assert got["shared"] == 53248 + (324 if cfg.producer else 0)
 
 
 @needs_gluon
@@ -96,6 +103,15 @@ def test_label_says_gluon_and_round_trips():
         GemmConfig.from_label("16x64x256-w4-s2-gu")  # an order of the Gluon kernel's wgmmas only
     with pytest.raises(ValueError, match="config label"):
         GemmConfig.from_label("16x64x256-w4-s2-gu-gl")
+    producer = dataclasses.replace(w4a16_gluon.GATE_THEN_UP_TILE, programs_per_sm=1, producer=True)
+    assert producer.label == "16x64x256-w4-s2-p1-gl-gu-ws"
+    assert GemmConfig.from_label(producer.label) == producer and GemmConfig(**producer.as_dict()) == producer
+    assert GemmConfig.from_label("16x64x256-w4-s3-gl-ws") == w4a16_gluon.PRODUCER_TILES[0]
+    for bad in ("16x64x256-w4-s3-ws", "128x128x256-w8-s2-gl-ws"):  # the Gluon gemm1 of one warp group only
+        with pytest.raises(ValueError, match="producer"):
+            GemmConfig.from_label(bad)
+    with pytest.raises(ValueError, match="config label"):
+        GemmConfig.from_label("16x64x256-w4-s2-gl-ws-gu")
 
 
 def test_gemm2_refuses_the_gate_then_up_order():
@@ -103,6 +119,10 @@ def test_gemm2_refuses_the_gate_then_up_order():
     with pytest.raises(ValueError, match="gate_then_up orders gemm1"):
         w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 2048, 1, 2048, "gemm2", "I")
     w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 6144, 1, 6144, "gemm1", "H")
+    # nor a producer warp group, a form of gemm1 alone
+    with pytest.raises(ValueError, match="a form of gemm1"):
+        w4a16_gluon._check_tile(w4a16_gluon.PRODUCER_TILES[0], 2048, 1, 2048, "gemm2", "I")
+    w4a16_gluon._check_tile(w4a16_gluon.PRODUCER_TILES[0], 6144, 1, 6144, "gemm1", "H")
 
 
 def test_applies_only_where_it_runs(monkeypatch):
@@ -125,6 +145,11 @@ def test_applies_only_where_it_runs(monkeypatch):
     assert not applies(torch.device("cpu"))
     assert not applies(layout="kernel"), "the wgmma operand layout only"
     assert not applies(k_size=6144 + 64), "whole K steps of 256"
+    producer = w4a16_gluon.PRODUCER_TILES[0]
+    assert applies(tile=producer) is w4a16_gluon.producer_available()
+    monkeypatch.setattr(w4a16_gluon, "producer_available", lambda: False)
+    assert not applies(tile=producer), "a Triton without warp_specialize: the Triton kernel"
+    assert applies(), "the copy-issuing form still runs"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
     assert not applies(), "SM120 has no wgmma"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -193,9 +218,10 @@ def test_prefill_forms_are_the_tile_itself_in_gluon():
     assert found == (w4a16_gluon.prefill_forms("gemm1", tile) if w4a16_gluon.runs_on(90) else [])
 
 
-def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device):
-    # The interpreter (CI) and every GPU but sm_90 run a config marked Gluon as the Triton kernels: the same bits as
-    # the same tiles unmarked.
+@pytest.mark.parametrize("gemm1", [w4a16_gluon.TILE, w4a16_gluon.PRODUCER_TILES[0]], ids=lambda t: t.label)
+def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gemm1, gen, device):
+    # The interpreter (CI) and every GPU but sm_90 run a config marked Gluon (with a producer warp group or not) as the
+    # Triton kernels: the same bits as the same tiles unmarked.
     if device.type == "cuda":
         pytest.skip("the fallback is what the interpreter runs")
     layer = random_layer(8, 512, 128, gen)
@@ -204,7 +230,8 @@ def test_a_gluon_config_runs_the_triton_kernel_where_gluon_does_not(gen, device)
     weights, ids = random_routing(3, 8, 4, gen)
     tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=1)
     plain = dataclasses.replace(tile, gluon=False)
-    got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(tile, tile), num_global_experts=64)
+    gemm1 = dataclasses.replace(gemm1, programs_per_sm=1)
+    got = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(gemm1, tile), num_global_experts=64)
     want = moe.fused_moe(x, bundle, weights, ids, config=MoeConfig(plain, plain), num_global_experts=64)
     assert torch.equal(got, want)
 
@@ -278,7 +305,7 @@ def test_op_with_gluon_gemm1_matches_reference_and_repeats(case, per_sm, gemm1, 
         assert torch.equal(out[:idle].float().cpu(), torch.zeros_like(out[:idle].float().cpu()))
 
 
-@pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)  # both orders of the wgmmas
+@pytest.mark.parametrize("tile", w4a16_gluon.TILES["gemm1"], ids=lambda t: t.label)  # both orders, either copy form
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, device, monkeypatch):
     # The same decode, dots, K order and split sum as the Triton kernel with the same tile: the same h, bit for bit.
@@ -297,7 +324,7 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, devi
     h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
     h_gluon = torch.zeros_like(h_triton)
     launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
-    triton_tile = dataclasses.replace(tile, gluon=False, gate_then_up=False)
+    triton_tile = dataclasses.replace(tile, gluon=False, gate_then_up=False, producer=False)
     w4a16.launch_gemm1(*args, h_triton, triton_tile, 4, *bundle.gate_up_rows, False, launch=launch,
                        counters=counters, layout=bundle.layout)  # fmt: skip
     w4a16_gluon.launch(*args, h_gluon, 4, *bundle.gate_up_rows, splits=k_splits[0], k_per_split=k_splits[1],

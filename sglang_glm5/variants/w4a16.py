@@ -240,7 +240,8 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
 
     digest = source_digest("sglang_glm5.kernels.nvfp4_moe")
     if cfg.gluon:
-        digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon")
+        digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon_ws" if cfg.producer else
+                                      "sglang_glm5.kernels.nvfp4_moe_gluon")  # fmt: skip
     return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
 
 

@@ -52,7 +52,14 @@ GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 # pointers computed once a tile (728 instructions a K step against 836, 16x128x256-w4-s3, sm_90 AOT) the op still
 # took 1.02-1.03x (EP8) and 1.08-1.09x (TP8) the time at B = 32-256 with the best of five Gluon gemm2 tiles (run 39):
 # not offered.
-TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE), "gemm2": ()}
+#
+# The same gemm1 tiles with their copies on a producer warp group (``GemmConfig.producer``, ``-ws``:
+# kernels/nvfp4_moe_gluon_ws.py). H200, the whole op at real routing with the cached tile and plan in this form
+# (bench/README.md, run 43; the same bits at every step): the interleaved 3-stage tile at one program per SM (TP8 B =
+# 8) 0.976x, elsewhere 0.98-1.16x: it pays where a program has an SM to itself, which the tuner decides per step.
+PRODUCER_TILES = (dataclasses.replace(TILE, producer=True), dataclasses.replace(GATE_THEN_UP_TILE, producer=True))
+TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE, *PRODUCER_TILES),
+                                            "gemm2": ()}  # fmt: skip
 # Above the decode buckets (chunked prefill) the tuner times its leading Triton tiles of these GEMMs again in Gluon,
 # in both orders of gemm1's wgmmas (``prefill_forms``). H200, GLM-5 (bench/README.md, run 34), the op with one
 # GEMM's tile replaced by the same tile in Gluon, eagerly: gemm1 0.95-0.96x at B = 2048 and 8192 of both layouts
@@ -77,6 +84,12 @@ LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2
 # programs fit an SM (65536 registers, 128 threads each) as shared memory allows: Triton 3.8 gives the split form 129
 # otherwise (ptxas: no spills at 128, Triton 3.6 and 3.8)
 REGISTER_CAP = 128
+# A producer form's launch cap (``maxnreg``) and its producer's registers a thread, by gemm1's order (gate then up?).
+# The cap times the CTA's eight warps is its register budget; in the partitions the producer warp group takes its
+# registers and the consumers the rest (``setmaxnreg``): gate then up 112 beside 48 (three programs per SM, no spills),
+# interleaved 160 beside 48 (two per SM; it spills in its K loop at 112). sm_90 AOT, Triton 3.6 and 3.8.
+PRODUCER_FORMS = {True: (80, 48), False: (104, 48)}
+PRODUCER_WARPS = 4
 
 
 @functools.cache
@@ -85,6 +98,17 @@ def available() -> bool:
     Triton 3.6 and 3.8 checked)."""
     try:
         import sglang_glm5.kernels.nvfp4_moe_gluon  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+@functools.cache
+def producer_available() -> bool:
+    """Whether this Triton has what the producer form adds (``warp_specialize``, mbarriers, cp.async arrivals on
+    them: Triton 3.6 and 3.8 checked)."""
+    try:
+        import sglang_glm5.kernels.nvfp4_moe_gluon_ws  # noqa: F401
     except (ImportError, AttributeError):
         return False
     return True
@@ -99,12 +123,13 @@ def runs_on(arch: int) -> bool:
 def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dtype: torch.dtype) -> bool:
     """Whether a GEMM launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
     CUDA sm_90 device (not the interpreter), bf16 activations (the kernels' wgmma is bf16: fp16 would be read as
-    bf16), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a multiple of the tile's K step."""
+    bf16), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a multiple of the tile's K step, and for a
+    producer form a Triton that has it."""
     if not tile.gluon or not env.get(env.GLUON_GEMM1):
         return False
     if interpreting() or device.type != "cuda" or dtype != torch.bfloat16:
         return False
-    if layout != "kernel_wgmma" or k_size % tile.block_k:
+    if layout != "kernel_wgmma" or k_size % tile.block_k or (tile.producer and not producer_available()):
         return False
     major, minor = torch.cuda.get_device_capability(device)
     return runs_on(10 * major + minor)
@@ -156,7 +181,7 @@ def launch(
     blocks, n_tiles, split_axis = _g.grid(num_blocks, inter, tile.block_n, splits)
     if blocks_last is None:
         blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1 and blocks <= MAX_GRID_Y
-    _g.nvfp4_moe_gemm1_gluon_kernel[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
+    _gemm1_kernel(tile)[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
         route.used_blocks if counters is None else counters, route.used_blocks if ready is None else ready,
         num_pairs, top_k, inter, x.shape[1], k_per_split,
@@ -165,9 +190,27 @@ def launch(
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WARPS=tile.num_warps, BLOCK_K=tile.block_k,
         STAGES=tile.num_stages, LOOKAHEAD=lookahead, GATE_THEN_UP=tile.gate_then_up, SPLITS=splits, PDL=pdl,
         BLOCKS_LAST=blocks_last, READY=ready is not None, num_warps=tile.num_warps, launch_pdl=pdl,
-        **_register_cap("gemm1", tile),
+        **_register_cap("gemm1", tile), **_producer(tile),
     )  # fmt: skip
     return part if splits > 1 else None
+
+
+def _gemm1_kernel(tile: GemmConfig):
+    """The Gluon gemm1 kernel for ``tile``: with its copies on a producer warp group, or issuing them itself."""
+    if tile.producer:
+        from sglang_glm5.kernels import nvfp4_moe_gluon_ws
+
+        return nvfp4_moe_gluon_ws.nvfp4_moe_gemm1_ws_kernel
+    from sglang_glm5.kernels import nvfp4_moe_gluon
+
+    return nvfp4_moe_gluon.nvfp4_moe_gemm1_gluon_kernel
+
+
+def _producer(tile: GemmConfig) -> dict:
+    """The producer form's constexprs (its warps and registers), if ``tile`` asks for one."""
+    if not tile.producer:
+        return {}
+    return {"PRODUCER_WARPS": PRODUCER_WARPS, "PRODUCER_REGS": PRODUCER_FORMS[tile.gate_then_up][1]}
 
 
 def launch_gemm2(
@@ -194,7 +237,10 @@ def launch_gemm2(
 
 
 def _register_cap(kernel: str, tile: GemmConfig) -> dict:
-    """The compile option that caps a gemm1 tile's registers (REGISTER_CAP), if any."""
+    """The compile option that caps a gemm1 tile's registers (REGISTER_CAP, or a producer form's PRODUCER_FORMS), if
+    any."""
+    if kernel == "gemm1" and tile.producer:
+        return {"maxnreg": PRODUCER_FORMS[tile.gate_then_up][0]}
     capped = kernel == "gemm1" and tile.gate_then_up and tile.block_n == 64 and tile.num_stages == 2
     return {"maxnreg": REGISTER_CAP} if capped else {}
 
@@ -204,6 +250,8 @@ def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, ke
         raise ValueError(f"gluon {kernel}: expected a config marked gluon, got {tile.label}")
     if tile.gate_then_up and kernel != "gemm1":
         raise ValueError(f"gluon {kernel}: gate_then_up orders gemm1's two matrices, got {tile.label}")
+    if tile.producer and kernel != "gemm1":
+        raise ValueError(f"gluon {kernel}: a producer warp group is a form of gemm1, got {tile.label}")
     if k_size % tile.block_k or not k_splits_cover(k_size, tile.block_k, splits, k_per_split):
         raise ValueError(f"gluon {kernel}: {splits} splits of {k_per_split} must cover {k_name} = {k_size} in whole K "
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
@@ -224,7 +272,8 @@ def aot_job(
 
 # What ``aot_job`` looks for in the PTX.
 PTX_MARKS = {"wgmma": "wgmma.mma_async", "cp_async": "cp.async", "gdc_wait": "griddepcontrol.wait",
-             "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global"}  # fmt: skip
+             "gdc_launch": "griddepcontrol.launch_dependents", "atomic": "atom.global", "setmaxnreg": "setmaxnreg",
+             "mbarrier_arrive": "cp.async.mbarrier.arrive"}  # fmt: skip
 # Pointer arguments of the two kernels and their element types; every other non-constexpr argument is an i32.
 _POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i16", "ws_ptr": "*u8", "wgs_ptr": "*fp32", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "h_ptr": "*bf16", "part_ptr": "*fp32", "counter_ptr": "*i32",
@@ -245,11 +294,13 @@ def aot(
 
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
-    fn = {"gemm1": _g.nvfp4_moe_gemm1_gluon_kernel, "gemm2": _g.nvfp4_moe_gemm2_gluon_kernel}[kernel]
+    if tile.producer and kernel != "gemm1":
+        raise ValueError(f"gluon {kernel}: a producer warp group is a form of gemm1, got {tile.label}")
+    fn = _gemm1_kernel(tile) if kernel == "gemm1" else _g.nvfp4_moe_gemm2_gluon_kernel
     consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
               "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
     if kernel == "gemm1":
-        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False, READY=ready)
+        consts.update(GATE_THEN_UP=tile.gate_then_up, BLOCKS_LAST=False, READY=ready, **_producer(tile))
     pointers = {**_POINTERS, "y_ptr": "*fp32" if splits > 1 else "*bf16"}
     sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
