@@ -134,8 +134,8 @@ PDL = Switch(
 GLUON_GEMM1 = Switch(
     "SGLANG_GLM5_GLUON_GEMM1", "bool", True,
     "on sm_90 (H100 / H200) a W4A16 GEMM config marked Gluon (`-gl` in the cache, chosen by the tuner at decode "
-    "and chunked-prefill sizes) runs as the Gluon kernel (`variants/w4a16_gluon.py`); off = the Triton kernel with the "
-    "same tile and split",
+    "and chunked-prefill sizes; `-ws` for gemm1 with a producer warp group) runs as the Gluon kernel "
+    "(`variants/w4a16_gluon.py`); off = the Triton kernel with the same tile and split",
     parse_bool,
 )  # fmt: skip
 STOCK_CONFIGS = Switch(
