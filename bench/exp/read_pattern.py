@@ -12,7 +12,9 @@ their order, persistent programs over (expert, N tile) tiles as the GEMMs' progr
 
 and beside them the same byte count read as plain contiguous chunks (``flat``). If ``blocked`` reads markedly faster
 than ``rows``, a weight layout blocked by tile would raise the GEMMs' ceiling from DRAM; if not, the layout is not
-what holds them under the plain reads.
+what holds them under the plain reads. ``rows, streamed`` (one step ahead) reads the row-major pieces with the window
+running on from one tile into the next, as a GEMM that prefetches its next tile's first step would: what a tile's
+refill costs.
 Usage: python bench/exp/read_pattern.py OUT_DIR   (BENCH_SEED, default 43; EXP_MATRICES, default w13,w2)
 """
 
@@ -44,6 +46,7 @@ def tile_read_kernel(
     BLOCK_N: tl.constexpr,
     AHEAD: tl.constexpr,  # 1 or 2: K steps loaded before the current one is added
     BLOCKED: tl.constexpr,  # True: each (tile, K step) is BLOCK_N x 128 B contiguous; False: rows of K_STEPS x 128 B
+    STREAM: tl.constexpr = False,  # True: the window runs on across the program's tiles (no refill at a tile's start)
 ):
     WORDS: tl.constexpr = 32  # int32 words in 128 B
     rows = tl.arange(0, BLOCK_N)[:, None]
@@ -56,24 +59,46 @@ def tile_read_kernel(
         step_stride = WORDS
     tile_stride = BLOCK_N * K_STEPS * WORDS  # the same in both layouts: a tile is BLOCK_N whole rows
     acc = tl.zeros((BLOCK_N, WORDS), dtype=tl.int32)
-    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        base = w_ptr + tile.to(tl.int64) * tile_stride + within
-        # A rolling window in registers: step s is loaded AHEAD steps before it is added.
-        a = tl.load(base, cache_modifier=".cg")
-        if AHEAD == 2:
-            b = tl.load(base + step_stride, cache_modifier=".cg")
-        for s in range(AHEAD, K_STEPS):
-            nxt = tl.load(base + s * step_stride, cache_modifier=".cg")
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if STREAM:
+        # One loop over the program's (tile, K step) units; unit i is K step i % K_STEPS of its (i // K_STEPS)-th tile.
+        units = (num_tiles - pid + programs - 1) // programs * K_STEPS
+        a = tl.load(_unit(w_ptr, within, 0, pid, programs, K_STEPS, tile_stride, step_stride), mask=units > 0,
+                    other=0, cache_modifier=".cg")  # fmt: skip
+        for i in range(1, units):
+            nxt = tl.load(
+                _unit(w_ptr, within, i, pid, programs, K_STEPS, tile_stride, step_stride), cache_modifier=".cg"
+            )
+            acc += a
+            a = nxt
+        acc += a
+    else:
+        for tile in range(pid, num_tiles, programs):
+            base = w_ptr + tile.to(tl.int64) * tile_stride + within
+            # A rolling window in registers: step s is loaded AHEAD steps before it is added.
+            a = tl.load(base, cache_modifier=".cg")
+            if AHEAD == 2:
+                b = tl.load(base + step_stride, cache_modifier=".cg")
+            for s in range(AHEAD, K_STEPS):
+                nxt = tl.load(base + s * step_stride, cache_modifier=".cg")
+                acc += a
+                if AHEAD == 2:
+                    a = b
+                    b = nxt
+                else:
+                    a = nxt
             acc += a
             if AHEAD == 2:
-                a = b
-                b = nxt
-            else:
-                a = nxt
-        acc += a
-        if AHEAD == 2:
-            acc += b
-    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
+                acc += b
+    tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@triton.jit
+def _unit(w_ptr, within, i, pid, programs, K_STEPS: tl.constexpr, tile_stride, step_stride):
+    """The addresses of a program's unit i: K step i % K_STEPS of its tile pid + (i // K_STEPS) * programs."""
+    tile = pid + (i // K_STEPS) * programs
+    return w_ptr + tile.to(tl.int64) * tile_stride + (i % K_STEPS) * step_stride + within
 
 
 def blocked(w: torch.Tensor, row_bytes: int, block_n: int) -> torch.Tensor:
@@ -99,12 +124,15 @@ def main(out_dir: Path) -> None:
             for per_sm, ahead in SCHEDULES:
                 programs = per_sm * sms
                 launches = {}
-                for label, data, is_blocked in (("rows", w, False), ("blocked", wb, True)):
+                forms = [("rows", w, False, False), ("blocked", wb, True, False)]
+                if ahead == 1:
+                    forms.append(("rows, streamed", w, False, True))
+                for label, data, is_blocked, stream in forms:
 
-                    def launch(data=data, is_blocked=is_blocked, programs=programs, ahead=ahead, tiles=rows // block_n,
-                               steps=row_bytes // STEP_BYTES, block_n=block_n):  # fmt: skip
+                    def launch(data=data, is_blocked=is_blocked, stream=stream, programs=programs, ahead=ahead,
+                               tiles=rows // block_n, steps=row_bytes // STEP_BYTES, block_n=block_n):  # fmt: skip
                         tile_read_kernel[(programs,)](data, sink, tiles, K_STEPS=steps, BLOCK_N=block_n, AHEAD=ahead,
-                                                      BLOCKED=is_blocked, num_warps=4)  # fmt: skip
+                                                      BLOCKED=is_blocked, STREAM=stream, num_warps=4)  # fmt: skip
 
                     launches[label] = launch
                 # A program reads whole tiles, and a tile is the same bytes in both layouts: its sums must agree.
@@ -112,7 +140,7 @@ def main(out_dir: Path) -> None:
                 for fn in launches.values():
                     fn()
                     sums.append(sink[:programs].clone())
-                assert torch.equal(*sums), f"{name} BLOCK_N {block_n}: the layouts' sums differ"
+                assert all(torch.equal(sums[0], other) for other in sums[1:]), f"{name} {block_n}: the sums differ"
                 times = {}
                 for _ in range(3):  # alternate the layouts; keep each one's median over the rounds
                     for label, fn in launches.items():

@@ -55,8 +55,9 @@ GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
 #
 # The same gemm1 tiles with their copies on a producer warp group (``GemmConfig.producer``, ``-ws``:
 # kernels/nvfp4_moe_gluon_ws.py). H200, the whole op at real routing with the cached tile and plan in this form
-# (bench/README.md, run 43; the same bits at every step): the interleaved 3-stage tile at one program per SM (TP8 B =
-# 8) 0.976x, elsewhere 0.98-1.16x: it pays where a program has an SM to itself, which the tuner decides per step.
+# (bench/README.md, run 43; the same bits at every step): the interleaved 3-stage tile at one program per SM, TP8 B = 7
+# and 8, 0.974-0.978x at two seeds (the h200 cache takes it there), but 1.035x at EP8 B = 1 with the same tile and
+# plan, and 0.98-1.16x at the steps whose cached tiles run several programs per SM: a choice per step, the tuner's.
 PRODUCER_TILES = (dataclasses.replace(TILE, producer=True), dataclasses.replace(GATE_THEN_UP_TILE, producer=True))
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE, *PRODUCER_TILES),
                                             "gemm2": ()}  # fmt: skip
