@@ -119,7 +119,10 @@ def test_gemm2_refuses_the_gate_then_up_order():
     with pytest.raises(ValueError, match="gate_then_up orders gemm1"):
         w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 2048, 1, 2048, "gemm2", "I")
     w4a16_gluon._check_tile(w4a16_gluon.GATE_THEN_UP_TILE, 6144, 1, 6144, "gemm1", "H")
-    # nor a producer warp group, a form of gemm1 alone
+    # nor a producer warp group, a form of gemm1 alone, whose consumers keep LOOKAHEAD quarters in flight
+    with pytest.raises(ValueError, match="keeps 1 quarter"):
+        w4a16_gluon.launch(*[None] * 9, splits=1, k_per_split=6144, counters=None, pdl=False,
+                           tile=w4a16_gluon.PRODUCER_TILES[0], lookahead=2)  # fmt: skip
     with pytest.raises(ValueError, match="a form of gemm1"):
         w4a16_gluon._check_tile(w4a16_gluon.PRODUCER_TILES[0], 2048, 1, 2048, "gemm2", "I")
     w4a16_gluon._check_tile(w4a16_gluon.PRODUCER_TILES[0], 6144, 1, 6144, "gemm1", "H")

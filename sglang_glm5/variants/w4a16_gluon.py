@@ -166,6 +166,8 @@ def launch(
     ``tile``: a config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in
     flight; ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing
     blocks of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
+    if tile.producer and lookahead != LOOKAHEAD:
+        raise ValueError(f"gluon gemm1: the producer form keeps {LOOKAHEAD} quarter(s) in flight, got {lookahead}")
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
     num_pairs, inter = h.shape
