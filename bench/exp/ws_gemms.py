@@ -20,8 +20,10 @@ with each gemm1 form of FORMS in place of the Gluon gemm1 (``nvfp4_moe_gluon.nvf
 the call); with the cached gemm2 tile in Gluon (the shipped Gluon gemm2, which lost to the Triton gemm2 in runs 31-39)
 and each gemm2 form of FORMS2 in its place. Timings alternate between the forms (CUDA-graph replays, median of three),
 with each GEMM's device time from the profiler, against the touched-experts floor; every form's output must have the
-shipped bits (a Gluon gemm2's, at least those of the shipped Gluon gemm2). Nothing here runs in the op outside this
-script.
+shipped bits (a Gluon gemm2's, at least those of the shipped Gluon gemm2). The gemm1 kernel is the package's
+(``kernels/nvfp4_moe_gluon_ws.py``, moved there after run 43: a config marked ``-ws``, which the h200 cache takes at TP8
+B = 7 and 8; at those steps "shipped" runs it already and the swap of the copy-issuing kernel does not reach it); the
+gemm2 forms run in this script only. Results: bench/README.md, run 43.
 Each warp-specialized form first runs once in a process of its own (``smoke``): one that hangs, fails or changes the
 bits is left out of the timings, and the run goes on.
 Usage: python bench/exp/ws_gemms.py OUT_DIR   (EXP_BATCHES, default 2,4,8,16,32,64,128,256; EXP_GEMMS, default
