@@ -148,7 +148,7 @@ def k_slice(k_size, k_per_split, BLOCK_K: gl.constexpr, SPLITS: gl.constexpr):
 
 @gluon.jit
 def gemm1_rings(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, QK: gl.constexpr,
-                 SK: gl.constexpr):  # fmt: skip
+                SK: gl.constexpr):  # fmt: skip
     """gemm1's STAGES-deep rings: packed words of gate and up [STAGES, BLOCK_N, QK] int16, their scale codes
     [STAGES, BLOCK_N, SK] uint8, and the four activation quarters (``_activation_rings``)."""
     w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QK], gl.int16)
@@ -257,8 +257,8 @@ def _epilogue(acc_g, acc_u, n, ok, pair_safe, e64, wgs_ptr, h_ptr, stride_gse, s
 
 @gluon.jit
 def gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_pairs, top_k, inter_size, stride_xt,
-                   stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, QK: gl.constexpr, SK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+                  stride_we, stride_wn, stride_se, stride_sn, gate_row0, up_row0, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, QK: gl.constexpr, SK: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
     """What gemm1's copies read, in the copy layouts of WARPS warps: row pointers [BLOCK_N] of the packed words and
     scale codes of gate and up (rows past I read row 0), their column offsets, the activation rows and their mask."""
     wc_l: gl.constexpr = _copy_layout(QK, WARPS)
@@ -279,8 +279,8 @@ def gemm1_sources(x_ptr, w_ptr, ws_ptr, sorted_ids_ptr, e64, pid_m, pid_n, num_p
 
 @gluon.jit
 def gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N: gl.constexpr,
-                  QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr,
-                  a_l: gl.constexpr):  # fmt: skip
+                 QK: gl.constexpr, LOOKAHEAD: gl.constexpr, GATE_THEN_UP: gl.constexpr,
+                 a_l: gl.constexpr):  # fmt: skip
     """One K step of gemm1 from ring slot ``slot`` (its copies landed), its wgmmas waited for: the accumulators."""
     if GATE_THEN_UP:  # one matrix's packed words and scales in registers at a time
         x0 = x0_s.index(slot).permute((1, 0))
@@ -307,9 +307,9 @@ def gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, ac
 
 @gluon.jit
 def gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
-                  num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, WARPS: gl.constexpr, SPLITS: gl.constexpr, BLOCKS_LAST: gl.constexpr,
-                  READY: gl.constexpr):  # fmt: skip
+                 num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, WARPS: gl.constexpr, SPLITS: gl.constexpr, BLOCKS_LAST: gl.constexpr,
+                 READY: gl.constexpr):  # fmt: skip
     """After the K loop: h of this program's tile (``_epilogue``), or with SPLITS its fp32 partials, the last program of
     the tile to arrive adding them in split order first; then the block's ready count (READY)."""
     mma: gl.constexpr = mma_layout(BLOCK_M, WARPS)
@@ -393,8 +393,8 @@ def nvfp4_moe_gemm1_gluon_kernel(
         for i in gl.static_range(STAGES - 1):
             if i < steps:
                 issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, i, k_begin + i * BLOCK_K,
-                                    wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
-                                    WARPS)  # fmt: skip
+                                   wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
+                                   WARPS)  # fmt: skip
             cp.commit_group()
 
         acc_g = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -406,18 +406,18 @@ def nvfp4_moe_gemm1_gluon_kernel(
             nxt = i + STAGES - 1
             if nxt < steps:
                 issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt % STAGES,
-                                    k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
-                                    s_cols, x_ok, QK, WARPS)  # fmt: skip
+                                   k_begin + nxt * BLOCK_K, wg_rows, wu_rows, sg_rows, su_rows, x_rows, w_cols,
+                                   s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
             acc_g, acc_u = gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N,
-                                         QK, LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
+                                        QK, LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
         cp.wait_group(0)
         if PDL and not READY:
             grid_dependency(False)
 
         gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr, ready_ptr,
-                      num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS, SPLITS,
-                      BLOCKS_LAST, READY)  # fmt: skip
+                     num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS, SPLITS,
+                     BLOCKS_LAST, READY)  # fmt: skip
 
 
 @gluon.jit

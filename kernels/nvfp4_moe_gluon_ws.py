@@ -66,7 +66,7 @@ def consume(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, steps, 
         slot = i % STAGES
         mbarrier.wait(full.index(slot), (i // STAGES) & 1)
         acc_g, acc_u = g.gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
-                                       CONSUMER_LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
+                                      CONSUMER_LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
         release_slot(empty, slot)
     return acc_g, acc_u
 
@@ -83,8 +83,8 @@ def _consume_gate_then_up(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, 
 
 @gluon.jit
 def produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, w_ptr, ws_ptr, sorted_ids_ptr,
-             e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we, stride_wn,
-             stride_se, stride_sn, gate_row0, up_row0):  # fmt: skip
+            e64, pid_m, pid_n, num_pairs, top_k, inter_size, k_begin, steps, stride_xt, stride_we, stride_wn,
+            stride_se, stride_sn, gate_row0, up_row0):  # fmt: skip
     """The worker partition: the row pointers (as the shipped kernel builds them, in its copy layouts on this
     partition's warps), then each K step's copies into its slot once ``empty`` frees it, arriving on ``full``."""
     STAGES: gl.constexpr = wg_s.shape[0]
@@ -101,8 +101,8 @@ def produce(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, x_ptr, 
         if i >= STAGES:
             mbarrier.wait(empty.index(slot), ((i // STAGES) - 1) & 1)
         g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, k_begin + i * 4 * QK, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
-                              PRODUCER_WARPS)  # fmt: skip
+                             wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK,
+                             PRODUCER_WARPS)  # fmt: skip
         cp.mbarrier_arrive(full.index(slot), increment_count=False)  # this thread's arrival, once its copies land
 
 
@@ -145,5 +145,5 @@ def nvfp4_moe_gemm1_ws_kernel(
             g.grid_dependency(False)
 
         g.gemm1_finish(acc_g, acc_u, pid_m, pid_n, e64, wgs_ptr, sorted_ids_ptr, h_ptr, part_ptr, counter_ptr,
-                        ready_ptr, num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS,
-                        SPLITS, BLOCKS_LAST, READY)  # fmt: skip
+                       ready_ptr, num_pairs, inter_size, stride_gse, stride_gsg, stride_ht, BLOCK_M, BLOCK_N, WARPS,
+                       SPLITS, BLOCKS_LAST, READY)  # fmt: skip

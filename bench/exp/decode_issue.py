@@ -97,7 +97,7 @@ def decode_issue_kernel(
     x0_s, x1_s, x2_s, x3_s = g._activation_rings(STAGES, BLOCK_M, QK)
     for step in gl.static_range(STAGES):
         g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, step, step * BLOCK_K, wg_rows, wu_rows,
-                              sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
+                             sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
     cp.commit_group()
     cp.wait_group(0)
     g.cta_barrier()
@@ -123,12 +123,12 @@ def decode_issue_kernel(
                 g._copy_activations(x0_s, x1_s, x2_s, x3_s, nxt, x_rows, x_ok, data * BLOCK_K, QK, WARPS)
             else:
                 g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, nxt, data * BLOCK_K, wg_rows,
-                                      wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
+                                     wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, QK, WARPS)  # fmt: skip
             cp.commit_group()
         elif BARRIER:
             g.cta_barrier()
         acc_g, acc_u = g.gemm1_k_step(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, acc_g, acc_u, BLOCK_N, QK,
-                                       LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
+                                      LOOKAHEAD, GATE_THEN_UP, a_l)  # fmt: skip
     cp.wait_group(0)
     if COPY and TMA:  # the words of the steps issued but not walked
         for j in range(gl.maximum(reps - STAGES + 1, 0), reps):
@@ -182,7 +182,7 @@ def _ws_producer(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, full, empty, w_
         if i >= _STAGES:
             mbarrier.wait(empty.index(slot), ((i // _STAGES) - 1) & 1)
         g.issue_gemm1_copies(wg_s, wu_s, sg_s, su_s, x0_s, x1_s, x2_s, x3_s, slot, (i % _HELD) * _BK, wg_rows,
-                              wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, _QK, _WARPS)  # fmt: skip
+                             wu_rows, sg_rows, su_rows, x_rows, w_cols, s_cols, x_ok, _QK, _WARPS)  # fmt: skip
         cp.mbarrier_arrive(full.index(slot), increment_count=False)  # each lane's arrival, once its copies land
 
 
