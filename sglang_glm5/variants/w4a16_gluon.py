@@ -248,13 +248,17 @@ def _register_cap(kernel: str, tile: GemmConfig) -> dict:
     return {"maxnreg": REGISTER_CAP} if capped else {}
 
 
+def _check_producer(tile: GemmConfig, kernel: str) -> None:
+    if tile.producer and kernel != "gemm1":
+        raise ValueError(f"gluon {kernel}: a producer warp group is a form of gemm1, got {tile.label}")
+
+
 def _check_tile(tile: GemmConfig, k_size: int, splits: int, k_per_split: int, kernel: str, k_name: str) -> None:
     if not tile.gluon:  # GemmConfig refuses a Gluon config the kernels cannot run
         raise ValueError(f"gluon {kernel}: expected a config marked gluon, got {tile.label}")
     if tile.gate_then_up and kernel != "gemm1":
         raise ValueError(f"gluon {kernel}: gate_then_up orders gemm1's two matrices, got {tile.label}")
-    if tile.producer and kernel != "gemm1":
-        raise ValueError(f"gluon {kernel}: a producer warp group is a form of gemm1, got {tile.label}")
+    _check_producer(tile, kernel)
     if k_size % tile.block_k or not k_splits_cover(k_size, tile.block_k, splits, k_per_split):
         raise ValueError(f"gluon {kernel}: {splits} splits of {k_per_split} must cover {k_name} = {k_size} in whole K "
                          f"steps of {tile.block_k}, none empty")  # fmt: skip
@@ -297,8 +301,7 @@ def aot(
 
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
 
-    if tile.producer and kernel != "gemm1":
-        raise ValueError(f"gluon {kernel}: a producer warp group is a form of gemm1, got {tile.label}")
+    _check_producer(tile, kernel)
     fn = _gemm1_kernel(tile) if kernel == "gemm1" else _g.nvfp4_moe_gemm2_gluon_kernel
     consts = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "WARPS": tile.num_warps, "BLOCK_K": tile.block_k,
               "STAGES": tile.num_stages, "LOOKAHEAD": lookahead, "SPLITS": splits, "PDL": pdl}  # fmt: skip
