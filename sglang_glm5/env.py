@@ -128,7 +128,8 @@ PDL = Switch(
     "dependent launch on sm_90+: "
     "each starts while the one before it runs and waits for it on the GPU (where gemm2 walks several N tiles a "
     "program, each gemm2 program waits for its routing block's part of gemm1 first, for the rest at its end); "
-    "off = plain stream order",
+    "from one to eight tokens per expert too, where gemm2's programs fill gemm1's last wave, each waiting for its "
+    "block's part; off = plain stream order",
     parse_bool,
 )  # fmt: skip
 GLUON_GEMM1 = Switch(

@@ -3,9 +3,10 @@
 Below one token per expert, with programmatic dependent launch, where gemm2 walks several N tiles a program, gemm1
 counts each routing block's stored N tiles of h (release) and lets gemm2 launch once every gemm1 program has started;
 a gemm2 program reads its block and waits until the block's counter reaches gemm1's N tiles (acquire)
-(``w4a16.awaits_blocks``). A wrong count would leave gemm2 waiting forever or reading h early, so the counts are
-checked exactly, and the outputs against the plain launches bit for bit. The interpreter runs the same kernels in
-order (gemm1 done before gemm2 starts); the GPU tests run them overlapped.
+(``w4a16.awaits_blocks``). From one to eight tokens per expert the same counters let gemm2 fill gemm1's last wave,
+both grids with the block axis last (``w4a16.overlaps_tail``). A wrong count would leave gemm2 waiting forever or
+reading h early, so the counts are checked exactly, and the outputs against the plain launches bit for bit. The
+interpreter runs the same kernels in order (gemm1 done before gemm2 starts); the GPU tests run them overlapped.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sglang_glm5.weights import Nvfp4MoeWeights
 
 HIDDEN, INTER, EXPERTS, TOP_K = 640, 384, 8, 4
 TILE = GemmConfig(16, 64, 64)
+UNSPLIT = GemmConfig(16, 64, 64, split_k=1)  # the tail overlap takes unsplit launches only
 
 
 def _layer_and_routing(num_tokens: int, active: int, gen: torch.Generator, device: torch.device):
@@ -105,6 +107,99 @@ def test_awaits_blocks_only_below_one_token_per_expert_with_several_gemm2_tiles_
     stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
     streamed = plan(stream, 16, 256, 256)
     assert streamed.gemm1.stream and not w4a16.awaits_blocks(stream, streamed, 16, 256, True), "stream-K cuts tiles"
+
+
+def test_overlaps_tail_from_one_to_eight_tokens_per_expert_on_unsplit_launches():
+    def plan(cfg, pairs, experts, inter):  # GLM-5 on an H200's 132 SMs
+        return w4a16.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
+
+    for experts, inter in ((32, 2048), (256, 256)):  # EP8, TP8
+        for pairs in (256, 2048):  # B = 32 and 256: one and eight tokens per expert
+            cfg = w4a16.heuristic_config(pairs / 256)
+            p = plan(cfg, pairs, experts, inter)
+            assert w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=True), f"E={experts}, {pairs} pairs"
+            assert not w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=False), "gemm2 not a dependent launch"
+        for pairs in (128, 4096):  # B = 16 (the ready counters' own rule) and B = 512 (beyond decode)
+            cfg = w4a16.heuristic_config(pairs / 256)
+            assert not w4a16.overlaps_tail(cfg, plan(cfg, pairs, experts, inter), pairs, 256, True), f"{pairs} pairs"
+    cfg = w4a16.heuristic_config(1)
+    split = MoeConfig(dataclasses.replace(cfg.gemm1, split_k=2), cfg.gemm2)
+    assert not w4a16.overlaps_tail(split, plan(split, 256, 32, 2048), 256, 256, True), "a split gemm1: not measured"
+    other = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, block_m=32))
+    assert not w4a16.overlaps_tail(other, plan(other, 256, 32, 2048), 256, 256, True), "gemm2 on its own routing"
+    stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
+    streamed = plan(stream, 256, 32, 2048)
+    assert streamed.gemm1.stream and not w4a16.overlaps_tail(stream, streamed, 256, 256, True), "stream-K cuts tiles"
+
+
+def _spy_launches(monkeypatch) -> list[tuple[str, bool, bool]]:
+    """(GEMM, block axis last, ready counters) of each GEMM launch the op makes from now on."""
+    seen = []
+
+    def spy(gemm: str, launch):
+        def launch_and_note(*args, **kwargs):
+            seen.append((gemm, kwargs["launch"].blocks_last, kwargs.get("ready") is not None))
+            return launch(*args, **kwargs)
+
+        return launch_and_note
+
+    monkeypatch.setattr(w4a16, "launch_gemm1", spy("gemm1", w4a16.launch_gemm1))
+    monkeypatch.setattr(w4a16, "launch_gemm2", spy("gemm2", w4a16.launch_gemm2))
+    return seen
+
+
+def _tail_call(num_tokens, gen, device, hidden=HIDDEN):
+    """A layer on ``device``, the op's keyword arguments for a call of ``num_tokens`` on every expert (one to eight
+    pairs each: the tail overlap's sizes), and the plan; skipped where gemm2 cannot be a dependent launch."""
+    if not (routing.interpreting() or routing.uses_pdl(device)):
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE launches nothing with PDL (sm_90+ GPUs do)")
+    layer = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(EXPERTS, hidden, INTER, gen).args()))
+    cfg = MoeConfig(UNSPLIT, UNSPLIT)
+    pairs = num_tokens * TOP_K
+    sms = w4a16.sm_count(None if routing.interpreting() else device.index or 0)
+    plan = w4a16.plan_gemms(cfg, pairs, EXPERTS, EXPERTS, hidden, INTER, sms)
+    assert w4a16.overlaps_tail(cfg, plan, pairs, EXPERTS, dependent=True), f"{num_tokens} tokens overlap the tail"
+    return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": EXPERTS}
+
+
+@pytest.mark.parametrize("num_tokens, active", [(2, 8), (6, 3), (16, 8)])  # 1 pair per expert; 3 on 3 experts; 8
+def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(num_tokens, active, gen, device, monkeypatch):
+    _, x, weights, ids = _layer_and_routing(num_tokens, active, gen, device)
+    layer, kw = _tail_call(num_tokens, gen, device)
+    seen = _spy_launches(monkeypatch)
+    overlapped = moe.fused_moe(x, layer, weights, ids, **kw)
+    assert seen == [("gemm1", True, True), ("gemm2", True, True)], "blocks last in both grids, gemm2 on the counters"
+    seen.clear()
+    monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
+    in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
+    assert seen == [("gemm1", False, False), ("gemm2", False, False)], "without it: the shipped orders, no counters"
+    assert torch.equal(overlapped, in_turn)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="overlapped launches need a GPU")
+def test_gemm2_filling_gemm1s_tail_in_a_graph_gives_the_bits_of_the_launches_in_turn(gen, device, monkeypatch):
+    # gemm2 launched during gemm1's last wave, replayed from a CUDA graph with other routings (one expert, then all,
+    # then two), against the launches one after another
+    if device.type != "cuda":
+        pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
+    layer, kw = _tail_call(12, gen, device, hidden=1024)
+    x = torch.randn(12, 1024, generator=gen).bfloat16().cuda()
+    weights = random_routing(12, EXPERTS, TOP_K, gen)[0].cuda()
+    ids = torch.full((12, TOP_K), -1, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.fused_moe(x, layer, weights, ids, **kw)
+    shipped = w4a16.TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT
+    for active in (1, EXPERTS, 2):
+        ids.copy_(torch.randint(0, active, (12, TOP_K), generator=gen, dtype=torch.int32).cuda())
+        ids[0, 1:] = -1
+        monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
+        in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
+        monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", shipped)
+        assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), in_turn), f"{active} active, eagerly"
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, in_turn), f"{active} active, from the graph"
 
 
 def test_bad_ready_arguments_are_refused(gen, device):

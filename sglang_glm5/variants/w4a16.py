@@ -178,9 +178,11 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
 # the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
 # last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
-# take them. The forms a decode step may run with per-block ready counters (``awaits_blocks``) are compiled with them:
-# the counters add a word of shared memory at most (the same bytes for GLM-5's decode tiles on sm_90 and sm_120,
-# Triton 3.8 AOT) and the code of the plain form.
+# take them. The forms a decode step may run with per-block ready counters (``awaits_blocks``, ``overlaps_tail``) are
+# compiled with them: the counters add a word of shared memory at most (the same bytes for GLM-5's decode tiles on sm_90
+# and sm_120, Triton 3.8 AOT) and the code of the plain form. The unsplit forms are compiled in one grid order: the
+# block axis last (``overlaps_tail``) gave the same shared memory with and without the block loop (16x64x256-w4-s3
+# gemm1, 16x128x256-w4-s3 gemm2, sm_90 and sm_120, Triton 3.8 AOT).
 FORMS = {
     "gemm1": (
         {"SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
@@ -326,7 +328,7 @@ SPLIT_TRIALS = (1, 4)
 STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
 # per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
-# (bench/README.md, run 20).
+# (bench/README.md, run 20) unless gemm2 fills gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
 PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
 # Below this many tokens per expert (with PDL), where gemm2 walks several N tiles a program, gemm2's programs wait
@@ -335,6 +337,15 @@ PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens
 # program) 0.952-0.995x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
 # there. Asking the L2 for gemm2's weights before the wait, or napping between reads, did not help.
 AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
+# From one token per expert up to this many (GLM-5: B = 32-256, where gemm1 runs four to six waves of programs),
+# gemm2's programs fill gemm1's last wave (``overlaps_tail``): every launch with PDL, gemm2's programs waiting for their
+# routing block's h alone (the ready counters), and both GEMMs' grids with the block axis last, so that a block's N
+# tiles run side by side and its h is whole early, not in gemm1's last wave. H200, GLM-5 at real routing, seeds 43 /
+# 67, against the launches one after another on the same inputs, the same bits (bench/README.md, run 44): EP8 B = 32,
+# 64, 128, 256 0.975 / 0.969, 1.001 / 0.976, 0.987 / 0.980, 0.996 / 0.980x the op; TP8 0.951 / 0.946, 0.988 / 0.984,
+# 0.991 / 1.007, 1.001 / 0.998x. PDL alone there 0.985-1.026x; the counters with the blocks first 0.986-1.043x; the
+# blocks last alone 0.979-1.015x.
+TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT = 8
 # Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
 # instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
 EACH_PAIR_MAX_PAIRS = 16
@@ -456,6 +467,21 @@ def awaits_blocks(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
         and num_pairs < AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT * num_global_experts
         and plan.per_program > 1
         and cfg.gemm1.block_m == cfg.gemm2.block_m
+        and not plan.gemm1.stream
+    )
+
+
+def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
+    """Whether gemm2's programs fill gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``): from one token per
+    expert up to that many, where gemm2 is a ``dependent`` launch (PDL; or the interpreter, which runs the same kernels
+    in order), both GEMMs on one routing (the same block_m), unsplit, and gemm1 on a planned grid (not stream-K). The
+    op then launches with PDL, both grids with the block axis last, and gemm2 waiting for each block's ready counter."""
+    return (
+        dependent
+        and num_global_experts <= num_pairs <= TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT * num_global_experts
+        and cfg.gemm1.block_m == cfg.gemm2.block_m
+        and plan.gemm1.splits == 1
+        and plan.gemm2.splits == 1
         and not plan.gemm1.stream
     )
 
@@ -584,9 +610,12 @@ def launch_gemm1(
     if ready is not None and launch.stream:
         raise ValueError("ready: per-block ready counters need a planned grid, got a stream-K schedule")
     if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
+        # an unsplit launch's blocks-last order carries over; otherwise the Gluon launch's own rule (its split form
+        # has not run in that order on a GPU)
+        order = True if launch.blocks_last and launch.splits == 1 else None
         return w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
                                   k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
-                                  ready=ready)  # fmt: skip
+                                  blocks_last=order, ready=ready)  # fmt: skip
     tiles = triton.cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
@@ -777,10 +806,15 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     sms = sm_count(None if interpret else (device.index if device.index is not None else torch.cuda.current_device()))
 
     plan = plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
-    launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
-    pdl = dict.fromkeys(PDL_LAUNCHES, num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global and uses_pdl(device))
+    may_pdl = uses_pdl(device)
     gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
-    awaits = not gluon2 and awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret)
+    tail = not gluon2 and overlaps_tail(cfg, plan, num_pairs, num_global, may_pdl or interpret)
+    if tail:  # a block's N tiles side by side in both GEMMs
+        plan = plan._replace(gemm1=dataclasses.replace(plan.gemm1, blocks_last=True),
+                             gemm2=dataclasses.replace(plan.gemm2, blocks_last=True))  # fmt: skip
+    launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
+    pdl = dict.fromkeys(PDL_LAUNCHES, may_pdl and (num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global or tail))
+    awaits = tail or (not gluon2 and awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret))
     n_ready = num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m) if awaits else 0
     n_counters = plan.counters
     counters = torch.empty(n_counters + n_ready, dtype=torch.int32, device=device) if n_counters + n_ready else None
