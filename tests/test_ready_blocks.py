@@ -148,24 +148,44 @@ def _spy_launches(monkeypatch) -> list[tuple[str, bool, bool]]:
     return seen
 
 
-def _tail_call(num_tokens, gen, device, hidden=HIDDEN):
-    """A layer on ``device``, the op's keyword arguments for a call of ``num_tokens`` on every expert (one to eight
-    pairs each: the tail overlap's sizes), and the plan; skipped where gemm2 cannot be a dependent launch."""
+def _tail_call(num_tokens, gen, device, hidden=HIDDEN, num_global=EXPERTS, gemm2=UNSPLIT):
+    """A layer on ``device``, the op's keyword arguments for a call of ``num_tokens`` with ``num_global`` experts in
+    all (one to eight pairs each: the tail overlap's sizes) and the plan; skipped where gemm2 cannot be a dependent
+    launch."""
     if not (routing.interpreting() or routing.uses_pdl(device)):
         pytest.skip("SGLANG_GLM5_TEST_DEVICE launches nothing with PDL (sm_90+ GPUs do)")
     layer = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(EXPERTS, hidden, INTER, gen).args()))
-    cfg = MoeConfig(UNSPLIT, UNSPLIT)
+    cfg = MoeConfig(UNSPLIT, gemm2)
     pairs = num_tokens * TOP_K
     sms = w4a16.sm_count(None if routing.interpreting() else device.index or 0)
-    plan = w4a16.plan_gemms(cfg, pairs, EXPERTS, EXPERTS, hidden, INTER, sms)
-    assert w4a16.overlaps_tail(cfg, plan, pairs, EXPERTS, dependent=True), f"{num_tokens} tokens overlap the tail"
-    return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": EXPERTS}
+    plan = w4a16.plan_gemms(cfg, pairs, EXPERTS, num_global, hidden, INTER, sms)
+    assert w4a16.overlaps_tail(cfg, plan, pairs, num_global, dependent=True), f"{num_tokens} tokens overlap the tail"
+    return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": num_global}, plan
 
 
-@pytest.mark.parametrize("num_tokens, active", [(2, 8), (6, 3), (16, 8)])  # 1 pair per expert; 3 on 3 experts; 8
-def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(num_tokens, active, gen, device, monkeypatch):
+HALVED = GemmConfig(16, 128, 64, split_k=1)  # a 4-warp tile of 128 rows: gemm2 runs it as two halves, one a program
+
+
+@pytest.mark.parametrize(
+    "num_tokens, active, num_global, gemm2",
+    [
+        (2, 8, EXPERTS, UNSPLIT),  # one pair per expert
+        (6, 3, EXPERTS, UNSPLIT),  # three pairs per expert, on three of them
+        (16, 8, EXPERTS, UNSPLIT),  # eight pairs per expert: the rule's top
+        (16, 8, EXPERTS, HALVED),  # gemm2's two halves waiting on the counters
+        (160, 8, 256, UNSPLIT),  # expert parallelism: far more local pairs than the plan expects, so a block loop
+    ],
+)
+def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(
+    num_tokens, active, num_global, gemm2, gen, device, monkeypatch
+):
     _, x, weights, ids = _layer_and_routing(num_tokens, active, gen, device)
-    layer, kw = _tail_call(num_tokens, gen, device)
+    layer, kw, plan = _tail_call(num_tokens, gen, device, num_global=num_global, gemm2=gemm2)
+    if num_global > EXPERTS:
+        bound = routing.num_blocks_bound(ids.numel(), EXPERTS, UNSPLIT.block_m)
+        assert plan.gemm1.block_programs < bound and plan.gemm2.block_programs < bound, "the block loop runs"
+    if gemm2 is HALVED:
+        assert w4a16.halves(gemm2, plan.per_program), "gemm2 in halves"
     seen = _spy_launches(monkeypatch)
     overlapped = moe.fused_moe(x, layer, weights, ids, **kw)
     assert seen == [("gemm1", True, True), ("gemm2", True, True)], "blocks last in both grids, gemm2 on the counters"
@@ -182,7 +202,7 @@ def test_gemm2_filling_gemm1s_tail_in_a_graph_gives_the_bits_of_the_launches_in_
     # then two), against the launches one after another
     if device.type != "cuda":
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
-    layer, kw = _tail_call(12, gen, device, hidden=1024)
+    layer, kw, _ = _tail_call(12, gen, device, hidden=1024)
     x = torch.randn(12, 1024, generator=gen).bfloat16().cuda()
     weights = random_routing(12, EXPERTS, TOP_K, gen)[0].cuda()
     ids = torch.full((12, TOP_K), -1, dtype=torch.int32, device="cuda")

@@ -164,8 +164,8 @@ def launch(
     (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split; ``ready``: the
     per-block ready counters (``w4a16.launch_gemm1``, which returns what this returns: the split partials, or None).
     ``tile``: a config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in
-    flight; ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side (None: for routing
-    blocks of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit, while the blocks fit grid axis 1)."""
+    flight; ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side, while the blocks
+    fit grid axis 1 (None: for routing blocks of ``BLOCKS_LAST_FROM_M`` pairs or more, K unsplit)."""
     if tile.producer and lookahead != LOOKAHEAD:
         raise ValueError(f"gluon gemm1: the producer form keeps {LOOKAHEAD} quarter(s) in flight, got {lookahead}")
     from sglang_glm5.kernels import nvfp4_moe_gluon as _g
@@ -183,7 +183,8 @@ def launch(
     w13 = w13.view(torch.int16)  # 4 nibbles per element
     blocks, n_tiles, split_axis = _g.grid(num_blocks, inter, tile.block_n, splits)
     if blocks_last is None:
-        blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1 and blocks <= MAX_GRID_Y
+        blocks_last = tile.block_m >= BLOCKS_LAST_FROM_M and splits == 1
+    blocks_last = blocks_last and blocks <= MAX_GRID_Y  # the blocks on grid axis 1 only while they fit it
     _gemm1_kernel(tile)[(n_tiles, blocks, split_axis) if blocks_last else (blocks, n_tiles, split_axis)](
         x, w13, w13_scale.view(torch.uint8), gs13, route.sorted_ids, route.block_expert, h, part,
         route.used_blocks if counters is None else counters, route.used_blocks if ready is None else ready,
