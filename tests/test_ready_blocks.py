@@ -118,6 +118,10 @@ def test_overlaps_tail_from_one_to_eight_tokens_per_expert_on_unsplit_launches()
             cfg = w4a16.heuristic_config(pairs / 256)
             p = plan(cfg, pairs, experts, inter)
             assert w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=True), f"E={experts}, {pairs} pairs"
+            ordered = w4a16.in_tail_order(p)  # what the op (and the tuner) then launch
+            assert ordered.gemm1.blocks_last and ordered.gemm2.blocks_last and not p.gemm1.blocks_last
+            unordered = [dataclasses.replace(g, blocks_last=False) for g in (ordered.gemm1, ordered.gemm2)]
+            assert unordered == [p.gemm1, p.gemm2] and ordered.per_program == p.per_program, "the order alone changes"
             assert not w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=False), "gemm2 not a dependent launch"
         for pairs in (128, 4096):  # B = 16 (the ready counters' own rule) and B = 512 (beyond decode)
             cfg = w4a16.heuristic_config(pairs / 256)

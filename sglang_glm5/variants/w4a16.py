@@ -486,6 +486,12 @@ def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
     )
 
 
+def in_tail_order(plan: GemmPlan) -> GemmPlan:
+    """``plan`` with both grids' block axis last, as the op runs it where ``overlaps_tail`` (and the tuner times it)."""
+    return plan._replace(gemm1=dataclasses.replace(plan.gemm1, blocks_last=True),
+                         gemm2=dataclasses.replace(plan.gemm2, blocks_last=True))  # fmt: skip
+
+
 def _stream_fits(programs: int, units: int) -> bool:
     """Whether a stream-K schedule of ``programs`` over at most ``units`` work units (blocks x N tiles x K steps)
     keeps the kernel's int32 unit arithmetic (program x units) in range."""
@@ -810,8 +816,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
     tail = not gluon2 and overlaps_tail(cfg, plan, num_pairs, num_global, may_pdl or interpret)
     if tail:  # a block's N tiles side by side in both GEMMs
-        plan = plan._replace(gemm1=dataclasses.replace(plan.gemm1, blocks_last=True),
-                             gemm2=dataclasses.replace(plan.gemm2, blocks_last=True))  # fmt: skip
+        plan = in_tail_order(plan)
     launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
     pdl = dict.fromkeys(PDL_LAUNCHES, may_pdl and (num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global or tail))
     awaits = tail or (not gluon2 and awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret))
