@@ -251,11 +251,12 @@ def kernel_bencher(shape: MoeShape, seed: int):
     def bench(kernel: str, cfg, bucket) -> float:
         launches = []
         calls = routings(bucket)
+        both = MoeConfig(cfg, cfg)  # the tile as both GEMMs' config, for the op's plan
         for i, (x, h, weights, ids) in enumerate(calls):
             layer = layers[i % len(layers)]
-            plan = w4a16.plan_gemms(MoeConfig(cfg, cfg), ids.numel(), shape.num_experts, shape.all_experts,
-                                  shape.hidden, shape.inter, sms)  # fmt: skip
-            if w4a16.overlaps_tail(MoeConfig(cfg, cfg), plan, ids.numel(), shape.all_experts, pdl):
+            plan = w4a16.plan_gemms(both, ids.numel(), shape.num_experts, shape.all_experts, shape.hidden, shape.inter,
+                                    sms)  # fmt: skip
+            if w4a16.overlaps_tail(both, plan, ids.numel(), shape.all_experts, pdl):
                 plan = w4a16.in_tail_order(plan)  # the grids' order the op runs there (each GEMM timed alone)
             counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device="cuda")  # kept zero by gemm1
             route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)

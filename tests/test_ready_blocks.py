@@ -152,13 +152,14 @@ def _spy_launches(monkeypatch) -> list[tuple[str, bool, bool]]:
     return seen
 
 
-def _tail_call(num_tokens, gen, device, hidden=HIDDEN, num_global=EXPERTS, gemm2=UNSPLIT):
-    """A layer on ``device``, the op's keyword arguments for a call of ``num_tokens`` with ``num_global`` experts in
-    all (one to eight pairs each: the tail overlap's sizes) and the plan; skipped where gemm2 cannot be a dependent
-    launch."""
+def _tail_call(layer, num_tokens, device, num_global=EXPERTS, gemm2=UNSPLIT):
+    """``layer`` (``random_layer``) on ``device`` as the op takes it, the op's keyword arguments for a call of
+    ``num_tokens`` with ``num_global`` experts in all (one to eight pairs each: the tail overlap's sizes) and the plan;
+    skipped where gemm2 cannot be a dependent launch."""
     if not (routing.interpreting() or routing.uses_pdl(device)):
         pytest.skip("SGLANG_GLM5_TEST_DEVICE launches nothing with PDL (sm_90+ GPUs do)")
-    layer = Nvfp4MoeWeights.build(*(t.to(device) for t in random_layer(EXPERTS, hidden, INTER, gen).args()))
+    hidden = layer.w2.shape[1]
+    layer = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args()))
     cfg = MoeConfig(UNSPLIT, gemm2)
     pairs = num_tokens * TOP_K
     sms = w4a16.sm_count(None if routing.interpreting() else device.index or 0)
@@ -183,8 +184,8 @@ HALVED = GemmConfig(16, 128, 64, split_k=1)  # a 4-warp tile of 128 rows: gemm2 
 def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(
     num_tokens, active, num_global, gemm2, gen, device, monkeypatch
 ):
-    _, x, weights, ids = _layer_and_routing(num_tokens, active, gen, device)
-    layer, kw, plan = _tail_call(num_tokens, gen, device, num_global=num_global, gemm2=gemm2)
+    layer, x, weights, ids = _layer_and_routing(num_tokens, active, gen, device)
+    layer, kw, plan = _tail_call(layer, num_tokens, device, num_global=num_global, gemm2=gemm2)
     if num_global > EXPERTS:
         bound = routing.num_blocks_bound(ids.numel(), EXPERTS, UNSPLIT.block_m)
         assert plan.gemm1.block_programs < bound and plan.gemm2.block_programs < bound, "the block loop runs"
@@ -206,7 +207,7 @@ def test_gemm2_filling_gemm1s_tail_in_a_graph_gives_the_bits_of_the_launches_in_
     # then two), against the launches one after another
     if device.type != "cuda":
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not a GPU")
-    layer, kw, _ = _tail_call(12, gen, device, hidden=1024)
+    layer, kw, _ = _tail_call(random_layer(EXPERTS, 1024, INTER, gen), 12, device)
     x = torch.randn(12, 1024, generator=gen).bfloat16().cuda()
     weights = random_routing(12, EXPERTS, TOP_K, gen)[0].cuda()
     ids = torch.full((12, TOP_K), -1, dtype=torch.int32, device="cuda")
