@@ -214,19 +214,19 @@ def kernel_bencher(shape: MoeShape, seed: int):
     """A ``Bench`` for the tuner: median ms of one GEMM kernel launch on the local GPU (gemm2: with the
     top-k sum after it), replayed from a CUDA graph (decode runs from graphs) of TUNE_ROUTINGS calls, each
     on its own routing and copy of the layer. The copies exceed twice the L2 cache, so a small shape is not
-    timed out of L2. The grid (K splits, block programs, and their order: ``w4a16.overlaps_tail``) is the op's own
-    for that call (``w4a16.plan_gemms``).
+    timed out of L2. The grid (K splits, block programs, and their order: ``w4a16_plan.overlaps_tail``) is the op's own
+    for that call (``w4a16_plan.plan_gemms``).
     """
     import triton.testing
 
     from sglang_glm5 import bench_real, routing
     from sglang_glm5.tiles import MoeConfig
-    from sglang_glm5.variants import w4a16
+    from sglang_glm5.variants import w4a16, w4a16_plan
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     layers = rotating_layers(shape, gen)
-    sms = w4a16.sm_count(torch.cuda.current_device())
+    sms = w4a16_plan.sm_count(torch.cuda.current_device())
     pdl = routing.uses_pdl(torch.device("cuda", torch.cuda.current_device()))  # where the op's gemm2 may fill a tail
     layout = bench_real.Layout("tune", shape.num_experts, shape.hidden, shape.inter, 0)
     inputs: dict = {}
@@ -254,10 +254,10 @@ def kernel_bencher(shape: MoeShape, seed: int):
         both = MoeConfig(cfg, cfg)  # the tile as both GEMMs' config, for the op's plan
         for i, (x, h, weights, ids) in enumerate(calls):
             layer = layers[i % len(layers)]
-            plan = w4a16.plan_gemms(both, ids.numel(), shape.num_experts, shape.all_experts, shape.hidden, shape.inter,
-                                    sms)  # fmt: skip
-            if w4a16.overlaps_tail(both, plan, ids.numel(), shape.all_experts, pdl):
-                plan = w4a16.in_tail_order(plan)  # the grids' order the op runs there (each GEMM timed alone)
+            plan = w4a16_plan.plan_gemms(both, ids.numel(), shape.num_experts, shape.all_experts, shape.hidden,
+                                         shape.inter, sms)  # fmt: skip
+            if w4a16_plan.overlaps_tail(both, plan, ids.numel(), shape.all_experts, pdl):
+                plan = w4a16_plan.in_tail_order(plan)  # the grids' order the op runs there (each GEMM timed alone)
             counters = torch.zeros(max(1, plan.counters), dtype=torch.int32, device="cuda")  # kept zero by gemm1
             route = routing.route_pairs(ids, shape.num_experts, cfg.block_m)
             if kernel == "gemm1":

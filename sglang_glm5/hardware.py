@@ -13,7 +13,7 @@ Which path an architecture can run (compute capability as major * 10 + minor):
   ``_grouped_mm`` is a native CUTLASS grouped GEMM; ``dense_prefill_available`` asks a device;
 - pipelined tiles: ``keeps_every_stage``, whether a software pipeline of num_stages keeps num_stages
   operand buffers in shared memory (wgmma / TMA parts) or num_stages - 1 (``mma.sync`` + ``cp.async``
-  parts), as Triton's AOT compiles for sm_90 and sm_120 show (``variants.w4a16.model_shared_bytes``).
+  parts), as Triton's AOT compiles for sm_90 and sm_120 show (``variants.w4a16_tiles.model_shared_bytes``).
 
 Nothing here imports torch at module level: the SGLang plugin asks these questions at start-up.
 """

@@ -187,8 +187,8 @@ def route_pairs(
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
 
     ``each_pair`` (at most E pairs): no sort, one routing program instead of E + 1; block r holds the r-th valid
-    pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16.EACH_PAIR_MAX_PAIRS``). The GEMMs
-    compute each pair's row as they would in a shared block: the op's output does not change.
+    pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16_plan.EACH_PAIR_MAX_PAIRS``). The
+    GEMMs compute each pair's row as they would in a shared block: the op's output does not change.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()

@@ -20,7 +20,7 @@ from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan, w4a16_tiles
 
 SM120 = TARGETS["rtx-pro-6000"]
 SHAPE = MoeShape(num_experts=4, hidden=64, inter=32, top_k=2)
@@ -101,8 +101,8 @@ def test_decode_lookups_borrow_only_decode_buckets_nearby(tmp_path):
     assert cache.lookup(SHAPE, 1 / 4).gemm1 == decode
     assert cache.lookup(SHAPE, 1 / 2).gemm1 == busy
     assert cache.lookup(SHAPE, 1).gemm1 == busy
-    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == w4a16.heuristic_config(1 / 32)
-    assert w4a16.heuristic_config(1 / 32) != w4a16.heuristic_config(1)
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == w4a16_tiles.heuristic_config(1 / 32)
+    assert w4a16_tiles.heuristic_config(1 / 32) != w4a16_tiles.heuristic_config(1)
 
 
 def test_tune_takes_fractional_batch_sizes_and_w4a4_refuses_them(tmp_path, capsys):
@@ -124,7 +124,7 @@ def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     autotune.store(user, SM120, {_key("gemm1", 1): _entry(SMALL)})
     cfg = ConfigCache(SM120, [user, shipped]).lookup(SHAPE, 1)
     assert cfg.gemm1 == SMALL and cfg.gemm2 == other
-    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == w4a16.heuristic_config(1)
+    assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1) == w4a16_tiles.heuristic_config(1)
 
 
 def test_untuned_bucket_takes_the_nearest_tuned_one_then_the_heuristic(tmp_path):
@@ -137,9 +137,9 @@ def test_untuned_bucket_takes_the_nearest_tuned_one_then_the_heuristic(tmp_path)
     assert cache.lookup(SHAPE, 4).gemm1 == SMALL  # two away: still the nearest
     assert cache.lookup(SHAPE, 32).gemm1 == other  # a tie between 16 and 64 goes to the larger
     assert cache.lookup(SHAPE, 256).gemm1 == other
-    assert cache.lookup(SHAPE, 512) == w4a16.heuristic_config(512)  # three away from 64: too far
-    assert cache.lookup(SHAPE, 2) == w4a16.heuristic_config(2)
-    assert cache.lookup(SHAPE, 16).gemm2 == w4a16.heuristic_config(16).gemm2  # no gemm2 entry at all
+    assert cache.lookup(SHAPE, 512) == w4a16_tiles.heuristic_config(512)  # three away from 64: too far
+    assert cache.lookup(SHAPE, 2) == w4a16_tiles.heuristic_config(2)
+    assert cache.lookup(SHAPE, 16).gemm2 == w4a16_tiles.heuristic_config(16).gemm2  # no gemm2 entry at all
 
 
 def _run_op_with(cache: ConfigCache, gen) -> None:
@@ -161,7 +161,7 @@ def test_truncated_file_is_reported_once_and_skipped_then_repaired(tmp_path, cap
         cache = ConfigCache(SM120, [path])
         ConfigCache(SM120, [path])
     assert sum("not valid JSON" in r.message for r in caplog.records) == 1
-    assert cache.lookup(SHAPE, 2) == w4a16.heuristic_config(2)
+    assert cache.lookup(SHAPE, 2) == w4a16_tiles.heuristic_config(2)
     _run_op_with(cache, gen)
     autotune.store(path, SM120, {_key("gemm2", 2): _entry(SMALL)})  # a write repairs the file
     assert set(json.loads(path.read_text())["entries"]) == {_key("gemm2", 2)}
@@ -193,9 +193,9 @@ def test_a_one_k_step_entry_where_k_takes_several_steps_is_skipped(tmp_path, cap
     autotune.store(path, SM120, entries)
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
         cache = ConfigCache(SM120, [path])
-        assert cache.lookup(deep, 2).gemm2 == w4a16.heuristic_config(2).gemm2
-        assert cache.lookup(narrow, 2).gemm2 == w4a16.heuristic_config(2).gemm2
-        assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, one)  # I = 32: one step
+        assert cache.lookup(deep, 2).gemm2 == w4a16_tiles.heuristic_config(2).gemm2
+        assert cache.lookup(narrow, 2).gemm2 == w4a16_tiles.heuristic_config(2).gemm2
+        assert cache.lookup(SHAPE, 2) == tiles.MoeConfig(w4a16_tiles.heuristic_config(2).gemm1, one)  # I = 32: one step
     text = " ".join(r.message for r in caplog.records)
     assert "is a gemm2 tile for K <= 64 and N > 32, got N = 64, K = 128" in text
     assert "is a gemm2 tile for K <= 64 and N > 32, got N = 32, K = 32" in text
@@ -215,7 +215,7 @@ def test_w4a16_entry_with_block_k_below_64_is_reported_once_and_skipped(tmp_path
     autotune.store(path, SM120, entries)
     with caplog.at_level(logging.WARNING, logger="sglang_glm5.autotune"):
         cache = ConfigCache(SM120, [path])
-        want = tiles.MoeConfig(w4a16.heuristic_config(2).gemm1, SMALL)
+        want = tiles.MoeConfig(w4a16_tiles.heuristic_config(2).gemm1, SMALL)
         for _ in range(2):  # a second cache (another device) reads it again: still reported once
             assert ConfigCache(SM120, [path]).lookup(SHAPE, 2) == want
         assert cache.lookup(SHAPE, 2, "w4a4").gemm1 == shallow
@@ -290,7 +290,7 @@ def test_tuner_never_benchmarks_an_infeasible_config(monkeypatch):
     calls = []
 
     def fake_bench(kernel, cfg, bucket):
-        shared = w4a16.compiled_shared_bytes(kernel, cfg, SM120)
+        shared = w4a16_tiles.compiled_shared_bytes(kernel, cfg, SM120)
         assert SM120.fits(shared), f"benchmarked {cfg.label}: {shared} B does not fit sm_120"
         calls.append((kernel, cfg))
         return 1.0 / cfg.block_n  # the widest feasible tile wins
@@ -309,8 +309,8 @@ TP8 = MoeShape(num_experts=256, hidden=6144, inter=256)
 
 def _splits(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket, sms: int = 132) -> int:
     """The K splits the op's plan gives ``cfg`` at the step the tuner times for ``bucket``."""
-    plan = w4a16.plan_gemms(tiles.MoeConfig(cfg, cfg), shape.tokens_at(bucket) * shape.top_k, shape.num_experts,
-                            shape.all_experts, shape.hidden, shape.inter, sms)  # fmt: skip
+    plan = w4a16_plan.plan_gemms(tiles.MoeConfig(cfg, cfg), shape.tokens_at(bucket) * shape.top_k, shape.num_experts,
+                                 shape.all_experts, shape.hidden, shape.inter, sms)  # fmt: skip
     return (plan.gemm1 if kernel == "gemm1" else plan.gemm2).splits
 
 
@@ -324,16 +324,16 @@ def _splits(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket, sms: int = 13
     ],
 )
 def test_split_candidates_aim_the_same_tiles_split_elsewhere(shape, kernel, bucket, cfg):
-    found = w4a16.split_candidates(kernel, cfg, shape, bucket, 132)
+    found = w4a16_plan.split_candidates(kernel, cfg, shape, bucket, 132)
     streams = [c for c in found if c.stream]
     found = [c for c in found if not c.stream]
     # gemm1 also as a stream-K schedule at each of the tried program counts, the tile unchanged
-    want = [dataclasses.replace(cfg, stream=n) for n in w4a16.STREAM_TRIALS] if kernel == "gemm1" else []
+    want = [dataclasses.replace(cfg, stream=n) for n in w4a16_plan.STREAM_TRIALS] if kernel == "gemm1" else []
     assert streams == want
     assert found, "a decode bucket with K steps to spare has other split plans to try"
     counts = [_splits(kernel, c, shape, bucket) for c in found]
     for c in found:
-        assert dataclasses.replace(c, programs_per_sm=0) == cfg and c.programs_per_sm in w4a16.SPLIT_TRIALS
+        assert dataclasses.replace(c, programs_per_sm=0) == cfg and c.programs_per_sm in w4a16_plan.SPLIT_TRIALS
         assert not c.split_k, "a target for the call's plan, not a count fixed for every step of the bucket"
     planned = _splits(kernel, cfg, shape, bucket)
     assert planned not in counts and len(set(counts)) == len(counts), "each candidate launches another split"
@@ -345,12 +345,15 @@ def test_split_candidates_aim_the_same_tiles_split_elsewhere(shape, kernel, buck
 
 def test_no_split_candidates_where_the_split_is_not_the_calls_to_make():
     cfg = GemmConfig(16, 64, 256, 4, 3)
-    assert w4a16.split_candidates("gemm1", cfg, EP8, 1, 132) == []  # busy experts: no split at all
-    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, split_k=4), EP8, Fraction(1, 32), 132) == []
-    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, programs_per_sm=1), EP8, Fraction(1, 32), 132) == []
-    assert w4a16.split_candidates("gemm1", dataclasses.replace(cfg, stream=2), EP8, Fraction(1, 32), 132) == []
+    assert w4a16_plan.split_candidates("gemm1", cfg, EP8, 1, 132) == []  # busy experts: no split at all
+    assert w4a16_plan.split_candidates("gemm1", dataclasses.replace(cfg, split_k=4), EP8, Fraction(1, 32), 132) == []
+    assert (
+        w4a16_plan.split_candidates("gemm1", dataclasses.replace(cfg, programs_per_sm=1), EP8, Fraction(1, 32), 132)
+        == []
+    )
+    assert w4a16_plan.split_candidates("gemm1", dataclasses.replace(cfg, stream=2), EP8, Fraction(1, 32), 132) == []
     # TP8's gemm2 (K = I = 256) walks several N tiles per program and does not split.
-    assert w4a16.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
+    assert w4a16_plan.split_candidates("gemm2", cfg, TP8, Fraction(1, 32), 132) == []
 
 
 def test_one_k_step_tiles_are_offered_for_gemm2_where_i_is_one_step():
@@ -358,20 +361,20 @@ def test_one_k_step_tiles_are_offered_for_gemm2_where_i_is_one_step():
     # (GLM-5 TP8, I = 256) and H makes 2+ N tiles, never for gemm1 or where I takes several steps (EP8, I = 2048),
     # nor at 64 and below.
     lead = GemmConfig(64, 256, 256, 8, 3)
-    found = [c for c in w4a16.split_candidates("gemm2", lead, TP8, 256, 132) if c.one_k_step]
-    assert found == list(w4a16.ONE_STEP_TILES)
-    assert not [c for c in w4a16.split_candidates("gemm2", lead, EP8, 256, 132) if c.one_k_step]
+    found = [c for c in w4a16_plan.split_candidates("gemm2", lead, TP8, 256, 132) if c.one_k_step]
+    assert found == list(w4a16_plan.ONE_STEP_TILES)
+    assert not [c for c in w4a16_plan.split_candidates("gemm2", lead, EP8, 256, 132) if c.one_k_step]
     narrow = MoeShape(num_experts=256, hidden=256, inter=256)  # one N tile of 256 rows: only the 128-row ones
-    assert {c.block_n for c in w4a16.split_candidates("gemm2", lead, narrow, 256, 132) if c.one_k_step} == {128}
-    assert not [c for c in w4a16.split_candidates("gemm1", lead, TP8, 256, 132) if c.one_k_step]
-    assert not [c for c in w4a16.split_candidates("gemm2", lead, TP8, 64, 132) if c.one_k_step]
+    assert {c.block_n for c in w4a16_plan.split_candidates("gemm2", lead, narrow, 256, 132) if c.one_k_step} == {128}
+    assert not [c for c in w4a16_plan.split_candidates("gemm1", lead, TP8, 256, 132) if c.one_k_step]
+    assert not [c for c in w4a16_plan.split_candidates("gemm2", lead, TP8, 64, 132) if c.one_k_step]
     # a one-step tile keeps 2+ N tiles a program however few blocks the call has (its only form)
-    one = w4a16.ONE_STEP_TILES[0]
-    plan = w4a16.plan_gemms(tiles.MoeConfig(lead, one), 8, TP8.num_experts, TP8.all_experts, TP8.hidden, TP8.inter,
-                            132)  # fmt: skip
+    one = w4a16_plan.ONE_STEP_TILES[0]
+    plan = w4a16_plan.plan_gemms(tiles.MoeConfig(lead, one), 8, TP8.num_experts, TP8.all_experts, TP8.hidden, TP8.inter,
+                                 132)  # fmt: skip
     assert plan.per_program >= 2 and plan.gemm2.splits == 1
-    assert w4a16.plan_gemms(tiles.MoeConfig(lead, lead), 8, TP8.num_experts, TP8.all_experts, TP8.hidden, TP8.inter,
-                            132).per_program == 1  # fmt: skip
+    assert w4a16_plan.plan_gemms(tiles.MoeConfig(lead, lead), 8, TP8.num_experts, TP8.all_experts, TP8.hidden,
+                                 TP8.inter, 132).per_program == 1  # fmt: skip
 
 
 # (B tokens of GLM-5 TP8, gemm2's N tiles per program): as many as fit in 8 K steps (8 at I = 256 in one step of
@@ -383,8 +386,8 @@ TP8_DECODE_TILES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 8), (256, 8)]
 @pytest.mark.parametrize("batch,per_program", TP8_DECODE_TILES)
 def test_gemm2_tiles_per_program_keep_five_programs_an_sm_at_tp8_decode(batch, per_program):
     step = GemmConfig(16, 64, 256, 4, 3)  # the h200 cache's TP8 decode gemm2 tile: I = 256 in one K step
-    plan = w4a16.plan_gemms(tiles.MoeConfig(step, step), batch * 8, TP8.num_experts, TP8.all_experts, TP8.hidden,
-                            TP8.inter, 132)  # fmt: skip
+    plan = w4a16_plan.plan_gemms(tiles.MoeConfig(step, step), batch * 8, TP8.num_experts, TP8.all_experts, TP8.hidden,
+                                 TP8.inter, 132)  # fmt: skip
     assert plan.per_program == per_program
 
 
@@ -407,7 +410,7 @@ def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winnin
     variant = dataclasses.replace(
         variants.get("w4a16"),
         search_space=lambda bucket: space,
-        compiled_shared_bytes=lambda jobs, target: [w4a16.model_shared_bytes(k, c, target) for k, c in jobs],
+        compiled_shared_bytes=lambda jobs, target: [w4a16_tiles.model_shared_bytes(k, c, target) for k, c in jobs],
     )  # the shared bytes from the model: this test is about the timing, not the compiler
     calls = []
 
@@ -434,7 +437,7 @@ def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winnin
         plain = {c: dataclasses.replace(c, programs_per_sm=0, stream=0) for c in retimed}
         assert set(plain.values()) == set(leaders)
         for tile in leaders:
-            want = w4a16.split_candidates(kernel, tile, EP8, bucket, SM120.sm_count)
+            want = w4a16_plan.split_candidates(kernel, tile, EP8, bucket, SM120.sm_count)
             assert [c for c in retimed if plain[c] == tile] == want
             assert any(c.stream for c in want) == (kernel == "gemm1"), "gemm1 also as a stream-K schedule"
         best = entries[_key_of(kernel, EP8, bucket)].config
@@ -461,7 +464,7 @@ def test_tuner_times_one_k_step_tiles_and_stores_one_that_fits_and_wins(target, 
     variant = dataclasses.replace(
         variants.get("w4a16"),
         search_space=lambda bucket: space,
-        compiled_shared_bytes=lambda jobs, target: [w4a16.model_shared_bytes(k, c, target) for k, c in jobs],
+        compiled_shared_bytes=lambda jobs, target: [w4a16_tiles.model_shared_bytes(k, c, target) for k, c in jobs],
     )
     calls = []
 
@@ -472,8 +475,8 @@ def test_tuner_times_one_k_step_tiles_and_stores_one_that_fits_and_wins(target, 
     entries, _ = autotune.tune(t, TP8, [256], fake_bench, variant=variant)
     one_step = [c for k, c in calls if c.one_k_step]
     assert all(k == "gemm2" for k, c in calls if c.one_k_step)
-    assert set(one_step) == ({c for c in w4a16.ONE_STEP_TILES if t.fits(w4a16.model_shared_bytes("gemm2", c,
-                                      t))})  # fmt: skip
+    fitting = {c for c in w4a16_plan.ONE_STEP_TILES if t.fits(w4a16_tiles.model_shared_bytes("gemm2", c, t))}
+    assert set(one_step) == fitting
     assert bool(one_step) == stored
     best = entries[cache_key(t, "gemm2", gemm_shape("gemm2", TP8), 256, measured=True)].config
     assert best.one_k_step == stored and not entries[cache_key(t, "gemm1", gemm_shape("gemm1", TP8), 256,
@@ -520,8 +523,8 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
         defaults = 0
         for kernel in ("gemm1", "gemm2"):
             # with the Gluon kernels' trials where this Triton has Gluon
-            trials = w4a16.split_candidates(kernel, tile, shape, step, h200.sm_count, w4a16.STEP_SPLIT_TRIALS,
-                                            arch=h200.arch)  # fmt: skip
+            trials = w4a16_plan.split_candidates(kernel, tile, shape, step, h200.sm_count, w4a16_plan.STEP_SPLIT_TRIALS,
+                                                 arch=h200.arch)  # fmt: skip
             key = cache_key(h200, kernel, gemm_shape(kernel, shape), step, measured=True)
             timed = [cfg for k, cfg, _ in calls if k == kernel]
             if shape is TP8 and kernel == "gemm2":  # no split plans; the Gluon tiles (default plans) only
@@ -605,7 +608,7 @@ def test_splits_only_stores_a_stream_k_plan_only_where_it_beats_the_default(tmp_
     monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
     # The tiles in use from the heuristic, not the shipped step entries (a Gluon tile there has no stream-K plans)
     monkeypatch.setattr(autotune, "shipped_dir", lambda: tmp_path / "shipped")
-    variant = dataclasses.replace(variants.get("w4a16"), step_split_targets=(w4a16.PROGRAMS_PER_SM,))
+    variant = dataclasses.replace(variants.get("w4a16"), step_split_targets=(w4a16_plan.PROGRAMS_PER_SM,))
     step = Fraction(12, 32)
     tiles_now = autotune.tiles_in_use(h200, EP8)
     for faster, want in ((0.0, None), (0.1, 3)):
@@ -647,25 +650,25 @@ def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
     h200 = resolve("h200")
     loose, hopeless = GemmConfig(32, 128, 256, 4, 3), GemmConfig(128, 128, 512, 8, 4)
-    assert not h200.fits(w4a16.model_shared_bytes("gemm1", loose, h200))
-    assert h200.fits(w4a16.model_shared_floor("gemm1", loose))
-    assert not h200.fits(w4a16.model_shared_floor("gemm1", hopeless))
+    assert not h200.fits(w4a16_tiles.model_shared_bytes("gemm1", loose, h200))
+    assert h200.fits(w4a16_tiles.model_shared_floor("gemm1", loose))
+    assert not h200.fits(w4a16_tiles.model_shared_floor("gemm1", hopeless))
     compiled = []
 
     def compiler(configs):
         compiled.extend(configs)
-        return w4a16.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
+        return w4a16_tiles.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
 
     report = autotune.TuneReport()
     kept = autotune.prune(
-        [loose, hopeless], h200, report, lambda c: w4a16.model_shared_bytes("gemm1", c, h200), compiler,
-        lambda c: w4a16.model_shared_floor("gemm1", c),
+        [loose, hopeless], h200, report, lambda c: w4a16_tiles.model_shared_bytes("gemm1", c, h200), compiler,
+        lambda c: w4a16_tiles.model_shared_floor("gemm1", c),
     )  # fmt: skip
     assert compiled == [loose] and report.pruned_by_model == 1
     assert [cfg for cfg, _ in kept] == [loose] and h200.fits(kept[0][1])
     # Without the compiler the upper bound decides alone.
     report = autotune.TuneReport()
-    assert autotune.prune([loose], h200, report, lambda c: w4a16.model_shared_bytes("gemm1", c, h200), None) == []
+    assert autotune.prune([loose], h200, report, lambda c: w4a16_tiles.model_shared_bytes("gemm1", c, h200), None) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,7 +719,7 @@ def test_measured_entry_wins_at_its_bucket_and_old_unmeasured_keys_are_still_rea
     autotune.store(path, SM120, {_key("gemm2", 4): _entry(SMALL)})  # a measured gemm2 entry
     assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(other, SMALL)
     server = TARGETS["rtx-pro-6000-server"]  # the arch entry is shared, the device ones are not
-    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(w4a16.heuristic_config(4).gemm1, other)
+    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(w4a16_tiles.heuristic_config(4).gemm1, other)
 
 
 def test_a_target_reads_its_architectures_entries_from_any_file_and_its_own_file_first(isolated_cache):
@@ -743,10 +746,12 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
     # Bucket 2: some of gemm1's candidates overflow sm_120 (with Triton 3.8 every candidate of bucket 1 fits)
     assert main(["tune", "--target", "rtx-pro-6000", "--shape", "4,64,32", "--batch-sizes", "2"]) == 0
     out = capsys.readouterr().out
-    space = w4a16.search_space(2)
+    space = w4a16_tiles.search_space(2)
     cut = 0
-    for kernel in w4a16.KERNELS:
-        shared = dict(zip(space, w4a16.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True))
+    for kernel in w4a16_tiles.KERNELS:
+        shared = dict(
+            zip(space, w4a16_tiles.compiled_shared_bytes_many([(kernel, c) for c in space], SM120), strict=True)
+        )
         fit = {c: b for c, b in shared.items() if SM120.fits(b)}
         assert fit, "the test needs a space in which something fits"
         cut += len(space) - len(fit)
@@ -758,7 +763,7 @@ def test_offline_tune_prints_per_gemm_the_candidates_and_what_shared_memory_rule
         assert line.startswith(head) and line.endswith(tail), line
         by_model, by_compiler = (int(w) for w in line[len(head) : -len(tail)].split() if w.isdigit())
         # The model's floor rules out what cannot fit at any rate; the compiler the rest of the misfits.
-        assert by_model == sum(not SM120.fits(w4a16.model_shared_floor(kernel, c)) for c in space)
+        assert by_model == sum(not SM120.fits(w4a16_tiles.model_shared_floor(kernel, c)) for c in space)
         assert by_compiler == len(space) - len(fit) - by_model
     assert cut, "the test needs a space that the shared memory cuts"
 

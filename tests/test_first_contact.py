@@ -400,7 +400,7 @@ def test_a_test_run_leaves_home_untouched(tmp_path):
 
 def test_compile_workers_ignore_a_sglang_glm5_folder_in_the_current_directory(tmp_path, monkeypatch):
     from sglang_glm5.hardware import TARGETS
-    from sglang_glm5.variants import w4a16
+    from sglang_glm5.variants import w4a16_tiles
 
     decoy = tmp_path / "sglang_glm5"
     decoy.mkdir()
@@ -408,8 +408,8 @@ def test_compile_workers_ignore_a_sglang_glm5_folder_in_the_current_directory(tm
     for worker in ("aot.py", "tiles.py"):  # the compile worker (python -m sglang_glm5.aot) and its jobs' module
         (decoy / worker).write_text("raise SystemExit(3)\n")
     monkeypatch.chdir(tmp_path)
-    cfg = w4a16.heuristic_config(1).gemm1
-    shared = w4a16.compiled_shared_bytes("gemm1", cfg, TARGETS["rtx-pro-6000"], memo=False)
+    cfg = w4a16_tiles.heuristic_config(1).gemm1
+    shared = w4a16_tiles.compiled_shared_bytes("gemm1", cfg, TARGETS["rtx-pro-6000"], memo=False)
     assert 0 < shared <= TARGETS["rtx-pro-6000"].shared_per_block
 
 

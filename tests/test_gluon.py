@@ -18,7 +18,7 @@ from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.variants import w4a16, w4a16_gluon
+from sglang_glm5.variants import w4a16, w4a16_gluon, w4a16_plan
 from sglang_glm5.weights import Nvfp4MoeWeights
 
 needs_gluon = pytest.mark.skipif(not w4a16_gluon.available(), reason="this Triton has no Gluon")
@@ -57,7 +57,7 @@ def test_compiles_for_sm90_with_async_wgmma():
 @needs_gluon
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gemm1_with_ready_counters_compiles_one_more_atomic_and_no_more_shared_memory(splits):
-    # w4a16.awaits_blocks: each block's stored N tiles counted (one release atomic), with the split counter.
+    # w4a16_plan.awaits_blocks: each block's stored N tiles counted (one release atomic), with the split counter.
     tile = w4a16_gluon.TWO_STAGE_TILE.label
     jobs = [[90, splits, True, tile, "gemm1", ready] for ready in (False, True)]
     plain, ready = aot.run_jobs("sglang_glm5.variants.w4a16_gluon:aot_job", jobs)
@@ -181,9 +181,11 @@ def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, 
     triton_tile = GemmConfig(16, 128, 256, 4, 3)
     num_pairs = EP8.tokens_at(bucket) * EP8.top_k
     for kernel in ("gemm1", "gemm2"):
-        found = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
+        found = w4a16_plan.split_candidates(
+            kernel, triton_tile, EP8, bucket, H200, w4a16_plan.STEP_SPLIT_TRIALS, arch=90
+        )
         gluon = [c for c in found if c.gluon]
-        if bucket > w4a16.GLUON_MAX_BUCKET:  # chunked prefill: the leading tile itself in Gluon (gemm1), not TILES
+        if bucket > w4a16_plan.GLUON_MAX_BUCKET:  # chunked prefill: the leading tile itself in Gluon (gemm1), not TILES
             assert gluon == w4a16_gluon.prefill_forms(kernel, triton_tile)
             assert bool(gluon) is (kernel in w4a16_gluon.PREFILL_KERNELS)
             gluon = [c for c in gluon if c.without_plan() in w4a16_gluon.TILES[kernel]]
@@ -194,13 +196,13 @@ def test_tuner_offers_the_gluon_tiles_at_decode_buckets(bucket, offered, split, 
             assert {c.without_plan() for c in gluon} == set(w4a16_gluon.TILES[kernel])
             assert (len(gluon) > len(w4a16_gluon.TILES[kernel])) is split
             for tile in w4a16_gluon.TILES[kernel]:
-                plans = [w4a16.plan_gemms(MoeConfig(c, c), num_pairs, 32, 256, 6144, 2048, H200) for c in gluon
+                plans = [w4a16_plan.plan_gemms(MoeConfig(c, c), num_pairs, 32, 256, 6144, 2048, H200) for c in gluon
                          if c.without_plan() == tile]  # fmt: skip
                 counts = [p.gemm1.splits if kernel == "gemm1" else p.gemm2.splits for p in plans]
                 assert len(set(counts)) == len(counts), "one trial per split count"
-        without = w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16.STEP_SPLIT_TRIALS)
+        without = w4a16_plan.split_candidates(kernel, triton_tile, EP8, bucket, H200, w4a16_plan.STEP_SPLIT_TRIALS)
         assert [c for c in found if not c.gluon] == without, "the Triton trials as without Gluon"
-        assert not [c for c in w4a16.split_candidates(kernel, triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
+        assert not [c for c in w4a16_plan.split_candidates(kernel, triton_tile, EP8, bucket, H200, arch=120) if c.gluon]
 
 
 def test_prefill_forms_are_the_tile_itself_in_gluon():
@@ -217,7 +219,7 @@ def test_prefill_forms_are_the_tile_itself_in_gluon():
     same = dataclasses.replace(extra[0], gluon=False, gate_then_up=False)
     assert w4a16_gluon.prefill_forms("gemm1", same).count(extra[0]) == 1, "an extra tile that is a form: once"
     assert all(t.gluon and t.gluon_takes and t.block_m > 16 for t in extra)
-    found = w4a16.split_candidates("gemm1", tile, EP8, 256, H200, w4a16.STEP_SPLIT_TRIALS, arch=90)
+    found = w4a16_plan.split_candidates("gemm1", tile, EP8, 256, H200, w4a16_plan.STEP_SPLIT_TRIALS, arch=90)
     assert found == (w4a16_gluon.prefill_forms("gemm1", tile) if w4a16_gluon.runs_on(90) else [])
 
 
@@ -320,13 +322,13 @@ def test_gives_the_triton_gemm1_bits_with_the_same_split(splits, tile, gen, devi
     ids = _ids(3, 4, torch.randperm(8, generator=gen)[:3].to(torch.int32), gen).to(device)
     xp = torch.empty_like(x)
     route = routing.route_pairs(ids, 8, 16, permute=(x, xp), layout=bundle.layout)
-    k_splits = w4a16.k_splits(1536, 256, splits)
+    k_splits = w4a16_plan.k_splits(1536, 256, splits)
     counters = torch.zeros(w4a16_gluon.counters_needed(route.block_expert.numel(), 256), dtype=torch.int32,
                            device=device)  # fmt: skip
     args = (xp, bundle.w13, bundle.w13_scale, bundle.w13_scale_2, route)
     h_triton = torch.zeros(ids.numel(), 256, dtype=torch.bfloat16, device=device)
     h_gluon = torch.zeros_like(h_triton)
-    launch = w4a16.Launch(route.block_expert.numel(), *k_splits)
+    launch = w4a16_plan.Launch(route.block_expert.numel(), *k_splits)
     triton_tile = dataclasses.replace(tile, gluon=False, gate_then_up=False, producer=False)
     w4a16.launch_gemm1(*args, h_triton, triton_tile, 4, *bundle.gate_up_rows, False, launch=launch,
                        counters=counters, layout=bundle.layout)  # fmt: skip
@@ -350,7 +352,7 @@ def test_gemm2_gives_the_triton_bits_with_the_same_grid(inter, splits, per_progr
     route = routing.route_pairs(ids, 8, 16)
     h = torch.randn(ids.numel(), inter, generator=gen).bfloat16().to(device)
     tile = w4a16_gluon.GEMM2_TILE
-    launch = w4a16.Launch(route.block_expert.numel(), *w4a16.k_splits(inter, 256, splits))
+    launch = w4a16_plan.Launch(route.block_expert.numel(), *w4a16_plan.k_splits(inter, 256, splits))
     shape = (splits, ids.numel(), 768) if splits > 1 else (ids.numel(), 768)
     dtype = torch.float32 if splits > 1 else torch.bfloat16
     args = (h, bundle.w2, bundle.w2_scale, bundle.w2_scale_2, weights.reshape(-1).to(device), route)
@@ -442,7 +444,7 @@ def test_the_grid_order_gives_the_same_bits(splits, gen, device, monkeypatch):
     tile = GemmConfig.from_label("64x128x128-w8-s3-gl")
     xp = torch.empty_like(x)
     route = routing.route_pairs(ids.to(device), 8, tile.block_m, permute=(x, xp), layout=bundle.layout)
-    k_splits = w4a16.k_splits(1024, tile.block_k, splits)
+    k_splits = w4a16_plan.k_splits(1024, tile.block_k, splits)
     outs = []
     for blocks_last in (False, True):
         counters = torch.zeros(w4a16_gluon.counters_needed(route.block_expert.numel(), 512, tile), dtype=torch.int32,

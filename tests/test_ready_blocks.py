@@ -3,8 +3,8 @@
 Below one token per expert, with programmatic dependent launch, where gemm2 walks several N tiles a program, gemm1
 counts each routing block's stored N tiles of h (release) and lets gemm2 launch once every gemm1 program has started;
 a gemm2 program reads its block and waits until the block's counter reaches gemm1's N tiles (acquire)
-(``w4a16.awaits_blocks``). From one to eight tokens per expert the same counters let gemm2 fill gemm1's last wave,
-both grids with the block axis last (``w4a16.overlaps_tail``). A wrong count would leave gemm2 waiting forever or
+(``w4a16_plan.awaits_blocks``). From one to eight tokens per expert the same counters let gemm2 fill gemm1's last wave,
+both grids with the block axis last (``w4a16_plan.overlaps_tail``). A wrong count would leave gemm2 waiting forever or
 reading h early, so the counts are checked exactly, and the outputs against the plain launches bit for bit. The
 interpreter runs the same kernels in order (gemm1 done before gemm2 starts); the GPU tests run them overlapped.
 """
@@ -19,7 +19,7 @@ import torch
 from sglang_glm5 import moe, routing
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16, w4a16_plan, w4a16_tiles
 from sglang_glm5.weights import Nvfp4MoeWeights
 
 HIDDEN, INTER, EXPERTS, TOP_K = 640, 384, 8, 4
@@ -45,7 +45,7 @@ def _gemm1(layer, x, ids, splits: int, ready: bool, device):
     bound = routing.num_blocks_bound(ids.numel(), EXPERTS, TILE.block_m)
     counters = torch.full((bound * tiles + bound,), 7, dtype=torch.int32, device=device)  # the route zeroes them
     route = routing.route_pairs(ids, EXPERTS, TILE.block_m, zero=counters)
-    launch = w4a16.Launch(bound, *w4a16.k_splits(HIDDEN, TILE.block_k, splits))
+    launch = w4a16_plan.Launch(bound, *w4a16_plan.k_splits(HIDDEN, TILE.block_k, splits))
     h = torch.full((ids.numel(), INTER), float("nan"), dtype=torch.bfloat16, device=device)
     part = w4a16.launch_gemm1(routing.prepare_activations(x), w13, s13, g13, route, h, TILE, TOP_K, 0, INTER,
                               routing.interpreting(), launch=launch, counters=counters[: bound * tiles],
@@ -75,7 +75,7 @@ def test_gemm2_waiting_for_its_block_gives_the_plain_bits(per_program, splits, g
     layer, x, weights, ids = _layer_and_routing(5, 3, gen, device)
     h, route, ready = _gemm1(layer, x, ids, 2, True, device)
     w2, s2, g2 = (t.to(device) for t in layer.args()[3:])
-    launch = w4a16.Launch(route.block_expert.numel(), *w4a16.k_splits(INTER, TILE.block_k, splits))
+    launch = w4a16_plan.Launch(route.block_expert.numel(), *w4a16_plan.k_splits(INTER, TILE.block_k, splits))
     shape = (launch.splits, ids.numel(), HIDDEN) if launch.splits > 1 else (ids.numel(), HIDDEN)
 
     def gemm2(**kw) -> torch.Tensor:
@@ -88,52 +88,60 @@ def test_gemm2_waiting_for_its_block_gives_the_plain_bits(per_program, splits, g
 
 
 def test_awaits_blocks_only_below_one_token_per_expert_with_several_gemm2_tiles_a_program():
-    cfg = w4a16.heuristic_config(1 / 16)
+    cfg = w4a16_tiles.heuristic_config(1 / 16)
 
     def plan(cfg, pairs, experts, inter):  # GLM-5 on an H200's 132 SMs
-        return w4a16.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
+        return w4a16_plan.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
 
     tp8 = plan(cfg, 16, 256, 256)
-    assert tp8.per_program > 1 and w4a16.awaits_blocks(cfg, tp8, 16, 256, dependent=True), "GLM-5 TP8 B = 2"
-    assert not w4a16.awaits_blocks(cfg, tp8, 16, 256, dependent=False), "gemm2 not a dependent launch: no overlap"
+    assert tp8.per_program > 1 and w4a16_plan.awaits_blocks(cfg, tp8, 16, 256, dependent=True), "GLM-5 TP8 B = 2"
+    assert not w4a16_plan.awaits_blocks(cfg, tp8, 16, 256, dependent=False), "gemm2 not a dependent launch: no overlap"
     ep8 = plan(cfg, 16, 32, 2048)
-    assert ep8.per_program == 1 and not w4a16.awaits_blocks(cfg, ep8, 16, 256, True), "EP8: a tile a program"
+    assert ep8.per_program == 1 and not w4a16_plan.awaits_blocks(cfg, ep8, 16, 256, True), "EP8: a tile a program"
     busy = plan(cfg, 256, 256, 256)
-    assert not w4a16.awaits_blocks(cfg, busy, 256, 256, dependent=True), "one token per expert: every expert busy"
+    assert not w4a16_plan.awaits_blocks(cfg, busy, 256, 256, dependent=True), "one token per expert: every expert busy"
     other = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, block_m=32))
-    assert not w4a16.awaits_blocks(other, plan(other, 16, 256, 256), 16, 256, True), (
+    assert not w4a16_plan.awaits_blocks(other, plan(other, 16, 256, 256), 16, 256, True), (
         "gemm2 on its own routing: its blocks are not gemm1's"
     )
     stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
     streamed = plan(stream, 16, 256, 256)
-    assert streamed.gemm1.stream and not w4a16.awaits_blocks(stream, streamed, 16, 256, True), "stream-K cuts tiles"
+    assert streamed.gemm1.stream and not w4a16_plan.awaits_blocks(stream, streamed, 16, 256, True), (
+        "stream-K cuts tiles"
+    )
 
 
 def test_overlaps_tail_from_one_to_eight_tokens_per_expert_on_unsplit_launches():
     def plan(cfg, pairs, experts, inter):  # GLM-5 on an H200's 132 SMs
-        return w4a16.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
+        return w4a16_plan.plan_gemms(cfg, pairs, experts, 256, 6144, inter, 132)
 
     for experts, inter in ((32, 2048), (256, 256)):  # EP8, TP8
         for pairs in (256, 2048):  # B = 32 and 256: one and eight tokens per expert
-            cfg = w4a16.heuristic_config(pairs / 256)
+            cfg = w4a16_tiles.heuristic_config(pairs / 256)
             p = plan(cfg, pairs, experts, inter)
-            assert w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=True), f"E={experts}, {pairs} pairs"
-            ordered = w4a16.in_tail_order(p)  # what the op (and the tuner) then launch
+            assert w4a16_plan.overlaps_tail(cfg, p, pairs, 256, dependent=True), f"E={experts}, {pairs} pairs"
+            ordered = w4a16_plan.in_tail_order(p)  # what the op (and the tuner) then launch
             assert ordered.gemm1.blocks_last and ordered.gemm2.blocks_last and not p.gemm1.blocks_last
             unordered = [dataclasses.replace(g, blocks_last=False) for g in (ordered.gemm1, ordered.gemm2)]
             assert unordered == [p.gemm1, p.gemm2] and ordered.per_program == p.per_program, "the order alone changes"
-            assert not w4a16.overlaps_tail(cfg, p, pairs, 256, dependent=False), "gemm2 not a dependent launch"
+            assert not w4a16_plan.overlaps_tail(cfg, p, pairs, 256, dependent=False), "gemm2 not a dependent launch"
         for pairs in (128, 4096):  # B = 16 (the ready counters' own rule) and B = 512 (beyond decode)
-            cfg = w4a16.heuristic_config(pairs / 256)
-            assert not w4a16.overlaps_tail(cfg, plan(cfg, pairs, experts, inter), pairs, 256, True), f"{pairs} pairs"
-    cfg = w4a16.heuristic_config(1)
+            cfg = w4a16_tiles.heuristic_config(pairs / 256)
+            assert not w4a16_plan.overlaps_tail(cfg, plan(cfg, pairs, experts, inter), pairs, 256, True), (
+                f"{pairs} pairs"
+            )
+    cfg = w4a16_tiles.heuristic_config(1)
     split = MoeConfig(dataclasses.replace(cfg.gemm1, split_k=2), cfg.gemm2)
-    assert not w4a16.overlaps_tail(split, plan(split, 256, 32, 2048), 256, 256, True), "a split gemm1: not measured"
+    assert not w4a16_plan.overlaps_tail(split, plan(split, 256, 32, 2048), 256, 256, True), (
+        "a split gemm1: not measured"
+    )
     other = MoeConfig(cfg.gemm1, dataclasses.replace(cfg.gemm2, block_m=32))
-    assert not w4a16.overlaps_tail(other, plan(other, 256, 32, 2048), 256, 256, True), "gemm2 on its own routing"
+    assert not w4a16_plan.overlaps_tail(other, plan(other, 256, 32, 2048), 256, 256, True), "gemm2 on its own routing"
     stream = MoeConfig(dataclasses.replace(cfg.gemm1, stream=2), cfg.gemm2)
     streamed = plan(stream, 256, 32, 2048)
-    assert streamed.gemm1.stream and not w4a16.overlaps_tail(stream, streamed, 256, 256, True), "stream-K cuts tiles"
+    assert streamed.gemm1.stream and not w4a16_plan.overlaps_tail(stream, streamed, 256, 256, True), (
+        "stream-K cuts tiles"
+    )
 
 
 def _spy_launches(monkeypatch) -> list[tuple[str, bool, bool]]:
@@ -162,9 +170,11 @@ def _tail_call(layer, num_tokens, device, num_global=EXPERTS, gemm2=UNSPLIT):
     layer = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args()))
     cfg = MoeConfig(UNSPLIT, gemm2)
     pairs = num_tokens * TOP_K
-    sms = w4a16.sm_count(None if routing.interpreting() else device.index or 0)
-    plan = w4a16.plan_gemms(cfg, pairs, EXPERTS, num_global, hidden, INTER, sms)
-    assert w4a16.overlaps_tail(cfg, plan, pairs, num_global, dependent=True), f"{num_tokens} tokens overlap the tail"
+    sms = w4a16_plan.sm_count(None if routing.interpreting() else device.index or 0)
+    plan = w4a16_plan.plan_gemms(cfg, pairs, EXPERTS, num_global, hidden, INTER, sms)
+    assert w4a16_plan.overlaps_tail(cfg, plan, pairs, num_global, dependent=True), (
+        f"{num_tokens} tokens overlap the tail"
+    )
     return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": num_global}, plan
 
 
@@ -190,12 +200,12 @@ def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(
         bound = routing.num_blocks_bound(ids.numel(), EXPERTS, UNSPLIT.block_m)
         assert plan.gemm1.block_programs < bound and plan.gemm2.block_programs < bound, "the block loop runs"
     if gemm2 is HALVED:
-        assert w4a16.halves(gemm2, plan.per_program), "gemm2 in halves"
+        assert w4a16_plan.halves(gemm2, plan.per_program), "gemm2 in halves"
     seen = _spy_launches(monkeypatch)
     overlapped = moe.fused_moe(x, layer, weights, ids, **kw)
     assert seen == [("gemm1", True, True), ("gemm2", True, True)], "blocks last in both grids, gemm2 on the counters"
     seen.clear()
-    monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
+    monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
     in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
     assert seen == [("gemm1", False, False), ("gemm2", False, False)], "without it: the shipped orders, no counters"
     assert torch.equal(overlapped, in_turn)
@@ -214,13 +224,13 @@ def test_gemm2_filling_gemm1s_tail_in_a_graph_gives_the_bits_of_the_launches_in_
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = moe.fused_moe(x, layer, weights, ids, **kw)
-    shipped = w4a16.TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT
+    shipped = w4a16_plan.TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT
     for active in (1, EXPERTS, 2):
         ids.copy_(torch.randint(0, active, (12, TOP_K), generator=gen, dtype=torch.int32).cuda())
         ids[0, 1:] = -1
-        monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
+        monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
         in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
-        monkeypatch.setattr(w4a16, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", shipped)
+        monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", shipped)
         assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), in_turn), f"{active} active, eagerly"
         out.fill_(float("nan"))
         graph.replay()
@@ -238,7 +248,7 @@ def test_bad_ready_arguments_are_refused(gen, device):
     with pytest.raises(ValueError, match="ready: expected"):
         w4a16.launch_gemm1(xp, w13, s13, g13, route, h, TILE, TOP_K, 0, INTER, routing.interpreting(),
                            ready=ready.long())  # fmt: skip
-    stream = w4a16.Launch(route.block_expert.numel(), 1, HIDDEN, stream=8)
+    stream = w4a16_plan.Launch(route.block_expert.numel(), 1, HIDDEN, stream=8)
     with pytest.raises(ValueError, match="stream-K"):
         w4a16.launch_gemm1(xp, w13, s13, g13, route, h, TILE, TOP_K, 0, INTER, routing.interpreting(), launch=stream,
                            counters=torch.zeros(10_000, dtype=torch.int32, device=device), ready=ready)  # fmt: skip
@@ -254,12 +264,12 @@ def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(gen, devic
     if device.type != "cuda" or not routing.uses_pdl(device):
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not an sm_90+ GPU")
     inter = 256  # one K step of gemm2: several N tiles a program (MULTI_TILE_PROGRAMS_PER_SM lowered to keep them)
-    monkeypatch.setattr(w4a16, "MULTI_TILE_PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(w4a16_plan, "MULTI_TILE_PROGRAMS_PER_SM", 0)
     layer = Nvfp4MoeWeights.build(*(t.cuda() for t in random_layer(EXPERTS, 1024, inter, gen).args())).for_device()
     kw = {"check_ids": False, "num_global_experts": 64}
-    cfg = w4a16.heuristic_config(24 / 64)
-    plan = w4a16.plan_gemms(cfg, 24, EXPERTS, 64, 1024, inter, w4a16.sm_count(device.index or 0))
-    assert w4a16.awaits_blocks(cfg, plan, 24, 64, dependent=True), "this call takes the ready counters"
+    cfg = w4a16_tiles.heuristic_config(24 / 64)
+    plan = w4a16_plan.plan_gemms(cfg, 24, EXPERTS, 64, 1024, inter, w4a16_plan.sm_count(device.index or 0))
+    assert w4a16_plan.awaits_blocks(cfg, plan, 24, 64, dependent=True), "this call takes the ready counters"
     x = torch.randn(6, 1024, generator=gen).bfloat16().cuda()
     weights, _ = random_routing(6, EXPERTS, TOP_K, gen)
     weights = weights.cuda()
@@ -270,9 +280,9 @@ def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(gen, devic
     for active in (1, EXPERTS, 2):
         ids.copy_(torch.randint(0, active, (6, TOP_K), generator=gen, dtype=torch.int32).cuda())
         ids[0, 1:] = -1
-        monkeypatch.setattr(w4a16, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 0)
+        monkeypatch.setattr(w4a16_plan, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 0)
         whole = moe.fused_moe(x, layer, weights, ids, **kw)
-        monkeypatch.setattr(w4a16, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 1)
+        monkeypatch.setattr(w4a16_plan, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 1)
         assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), whole), f"{active} active, eagerly"
         out.fill_(float("nan"))
         graph.replay()

@@ -1,7 +1,7 @@
 """Split-K, the block-program loop and the stream-K gemm1 of the W4A16 kernels: decode with few active experts.
 
 At decode a rank under expert parallelism sees a handful of active experts, so the op splits the K
-loop of each GEMM over several programs (``w4a16.plan_launch``) and sizes the grid for the blocks it
+loop of each GEMM over several programs (``w4a16_plan.plan_launch``) and sizes the grid for the blocks it
 expects rather than for the upper bound, or runs gemm1 as a stream-K schedule (``GemmConfig.stream``): a fixed
 number of persistent programs share the K steps of every used (block, N tile) equally, and the last program of a
 cut tile adds its fp32 partials in program order. These tests pin the results against the float64 reference,
@@ -20,7 +20,7 @@ from sglang_glm5 import env, hardware, moe, routing
 from sglang_glm5.reference import nvfp4_fused_moe_reference
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16, w4a16_plan, w4a16_tiles
 from sglang_glm5.weights import Nvfp4MoeWeights
 
 
@@ -70,7 +70,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _stream_config(per_sm: int) -> MoeConfig:
     """The heuristic's decode tiles with gemm1 as a stream-K schedule of ``per_sm`` programs per SM."""
-    cfg = w4a16.heuristic_config(1)
+    cfg = w4a16_tiles.heuristic_config(1)
     return MoeConfig(dataclasses.replace(cfg.gemm1, stream=per_sm), cfg.gemm2)
 
 
@@ -79,13 +79,13 @@ def _stream_config(per_sm: int) -> MoeConfig:
 )
 def test_op_with_few_active_experts_matches_float64_reference(case, gen, device):
     _, _, _, ids, want, args = _inputs(case, gen, device)
-    sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
-    cfg = w4a16.heuristic_config(1)
+    sms = w4a16_plan.sm_count(None if device.type == "cpu" else device.index or 0)
+    cfg = w4a16_tiles.heuristic_config(1)
     bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     # As under 8-way expert parallelism: the op expects few local blocks from T * k / (8 E) pairs.
-    expected = w4a16.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
-    launch = w4a16.plan_launch(case.hidden, cfg.gemm1, -(-case.inter // cfg.gemm1.block_n), bound, min(bound, expected),
-                             sms)  # fmt: skip
+    expected = w4a16_plan.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
+    tiles = -(-case.inter // cfg.gemm1.block_n)
+    launch = w4a16_plan.plan_launch(case.hidden, cfg.gemm1, tiles, bound, min(bound, expected), sms)
     if device.type == "cpu":
         assert launch.splits > 1, "the interpreter's small GPU should make the op split gemm1's K"
     out = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
@@ -112,7 +112,7 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
         bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
         counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
         route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
-        launch = w4a16.Launch(1, *w4a16.k_splits(case.hidden, cfg.block_k, n))
+        launch = w4a16_plan.Launch(1, *w4a16_plan.k_splits(case.hidden, cfg.block_k, n))
         h = torch.full((ids.numel(), case.inter), float("nan"), dtype=torch.bfloat16, device=device)
         w4a16.launch_gemm1(xp, w13, s13, g13, route, h, cfg, case.top_k, 0, case.inter, routing.interpreting(),
                          launch=launch if n > 1 else None, counters=counters)  # fmt: skip
@@ -120,7 +120,7 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
 
     def gemm2(n: int, h: torch.Tensor) -> torch.Tensor:
         route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m)
-        launch = w4a16.Launch(2, *w4a16.k_splits(case.inter, cfg.block_k, n))
+        launch = w4a16_plan.Launch(2, *w4a16_plan.k_splits(case.inter, cfg.block_k, n))
         n = launch.splits
         shape = (n, ids.numel(), case.hidden) if n > 1 else (ids.numel(), case.hidden)
         y = torch.full(shape, float("nan"), dtype=torch.float32 if n > 1 else torch.bfloat16, device=device)
@@ -145,16 +145,16 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
 def test_plan_splits_only_when_the_blocks_leave_programs_idle():
     # 132 SMs, K = 6144 in steps of 256 (24 steps), 32 N tiles: one active block splits, 64 blocks do not.
     cfg = GemmConfig(16, 128, 256)
-    few = w4a16.plan_launch(6144, cfg, 32, blocks_bound=9, blocks_expected=1.0, sms=132)
-    many = w4a16.plan_launch(6144, cfg, 32, blocks_bound=96, blocks_expected=64.0, sms=132)
+    few = w4a16_plan.plan_launch(6144, cfg, 32, blocks_bound=9, blocks_expected=1.0, sms=132)
+    many = w4a16_plan.plan_launch(6144, cfg, 32, blocks_bound=96, blocks_expected=64.0, sms=132)
     assert few.splits > 1 and few.k_per_split % 256 == 0 and few.splits * few.k_per_split >= 6144
     assert (few.splits - 1) * few.k_per_split < 6144, "no split is empty"
     assert many.splits == 1 and many.block_programs == 96
     assert few.block_programs == 4, "twice the expected blocks and two more, within the bound"
-    assert w4a16.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
+    assert w4a16_plan.plan_launch(6144, cfg, 32, 9, 1.0, 132, split=False).splits == 1
     fixed = GemmConfig(16, 128, 256, split_k=5)  # a tuned split count: 24 steps in 5 splits of 5 (the last 4)
-    assert w4a16.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16.Launch(96, 5, 1280)
-    assert w4a16.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
+    assert w4a16_plan.plan_launch(6144, fixed, 32, 96, 64.0, 132) == w4a16_plan.Launch(96, 5, 1280)
+    assert w4a16_plan.k_splits(384, 64, 5) == (3, 128), "6 steps in at most 5 splits: 3 of 2 steps, none empty"
 
 
 def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
@@ -163,17 +163,17 @@ def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
     # 9 against 1.05), the block loop as before; and never without ``whole_grid_within`` (which plan_gemms gives only
     # up to WHOLE_GRID_PAIRS_PER_EXPERT: GLM-5 EP8 B = 256 takes the whole grid, B = 257 the block loop).
     cfg = GemmConfig(16, 64, 256)
-    near = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, whole_grid_within=5.0)
+    near = w4a16_plan.plan_launch(6144, cfg, 8, 35, 7.6, 132, whole_grid_within=5.0)
     assert near.block_programs == 35 and near.splits > 1 and near.blocks_last
-    unsplit = w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132, split=False, whole_grid_within=5.0)
+    unsplit = w4a16_plan.plan_launch(6144, cfg, 8, 35, 7.6, 132, split=False, whole_grid_within=5.0)
     assert unsplit.block_programs == 35 and unsplit.splits == 1 and not unsplit.blocks_last
-    far = w4a16.plan_launch(6144, cfg, 8, 9, 1.05, 132, whole_grid_within=5.0)
+    far = w4a16_plan.plan_launch(6144, cfg, 8, 9, 1.05, 132, whole_grid_within=5.0)
     assert far.block_programs == 5 and not far.blocks_last
-    assert w4a16.plan_launch(6144, cfg, 8, 35, 7.6, 132) == dataclasses.replace(near, block_programs=18,
-                                                                                  blocks_last=False)  # fmt: skip
+    loop = dataclasses.replace(near, block_programs=18, blocks_last=False)
+    assert w4a16_plan.plan_launch(6144, cfg, 8, 35, 7.6, 132) == loop
     glm5 = MoeConfig(GemmConfig(16, 128, 256), GemmConfig(16, 128, 256))
     for batch, whole in ((256, True), (257, False)):
-        plan = w4a16.plan_gemms(glm5, batch * 8, 32, 256, 6144, 2048, 132)
+        plan = w4a16_plan.plan_gemms(glm5, batch * 8, 32, 256, 6144, 2048, 132)
         bound = w4a16.num_blocks_bound(batch * 8, 32, 16)
         assert (plan.gemm1.block_programs == bound) == whole and (plan.gemm2.block_programs == bound) == whole, batch
 
@@ -183,34 +183,34 @@ def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
     # splits and K ranges, so the same bits; and both right against float64.
     case = Case(5, active=8)  # 20 pairs over 64 global experts: 9 possible blocks, 2.2 expected
     _, _, _, ids, want, args = _inputs(case, gen, device)
-    sms = w4a16.sm_count(None if device.type == "cpu" else device.index or 0)
-    cfg = w4a16.heuristic_config(1)
-    plan = w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
+    sms = w4a16_plan.sm_count(None if device.type == "cpu" else device.index or 0)
+    cfg = w4a16_tiles.heuristic_config(1)
+    plan = w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
     bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     assert plan.gemm1.block_programs == bound and plan.gemm1.blocks_last == (plan.gemm1.splits > 1)
     if device.type == "cpu":
         assert plan.gemm1.blocks_last, "the interpreter's small GPU should make the op split gemm1's K"
     whole = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(w4a16, "WHOLE_GRID_WITHIN", 0.0)
-    assert w4a16.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter,
-                            sms).gemm1.block_programs < bound  # fmt: skip
+    monkeypatch.setattr(w4a16_plan, "WHOLE_GRID_WITHIN", 0.0)
+    assert w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter,
+                                 sms).gemm1.block_programs < bound  # fmt: skip
     looped = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
     assert torch.equal(whole, looped)
     assert _rel(whole, want) < 1e-2
 
 
 def test_gemm2_halves_give_the_one_tile_bits(gen, device, monkeypatch):
-    # gemm2's 128-row tile as two halves of 64 rows (w4a16.halves): each output row sums the same products in the
+    # gemm2's 128-row tile as two halves of 64 rows (w4a16_plan.halves): each output row sums the same products in the
     # same order, so the same bits; H = 320 leaves the last tile's second half out of range.
     layer = random_layer(4, 320, 192, gen)
     weights, ids = random_routing(5, 4, 2, gen)
     x = torch.randn(5, 320, generator=gen).bfloat16()
     cfg = MoeConfig(GemmConfig(16, 64, 64), GemmConfig(16, 128, 64))
-    assert w4a16.halves(cfg.gemm2, 1) and not w4a16.halves(cfg.gemm2, 2)
-    assert not w4a16.halves(GemmConfig(16, 128, 64, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
+    assert w4a16_plan.halves(cfg.gemm2, 1) and not w4a16_plan.halves(cfg.gemm2, 2)
+    assert not w4a16_plan.halves(GemmConfig(16, 128, 64, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
     args = [t.to(device) for t in (x, *layer.args(), weights, ids)]
     split = moe.nvfp4_fused_moe(*args, config=cfg)
-    monkeypatch.setattr(w4a16, "GEMM2_HALVES", False)
+    monkeypatch.setattr(w4a16_plan, "GEMM2_HALVES", False)
     whole = moe.nvfp4_fused_moe(*args, config=cfg)
     assert torch.equal(split, whole)
     assert _rel(split, nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)) < 1e-2
@@ -225,7 +225,7 @@ def test_a_launch_with_an_empty_split_is_refused(gen, device):
     h = torch.randn(ids.numel(), 128, generator=gen).bfloat16().to(device)
     with pytest.raises(ValueError, match="leaves a K split empty"):  # K = 128: two steps, not three
         w4a16.launch_gemm2(h, *(t.to(device) for t in layer.args()[3:]), weights.reshape(-1).to(device), route, y, cfg,
-                         routing.interpreting(), per_program=1, launch=w4a16.Launch(1, 3, 64))  # fmt: skip
+                         routing.interpreting(), per_program=1, launch=w4a16_plan.Launch(1, 3, 64))  # fmt: skip
 
 
 def test_each_pair_routing_gives_a_block_per_valid_pair(gen, device):
@@ -252,13 +252,13 @@ def test_each_pair_routing_gives_the_sorted_routings_bits(num_tokens, idle, gen,
     # same sums either way. Four tokens over three active experts share experts across tokens; idle tokens have no
     # local slot (their rows are 0), and with (2, 2) no pair is valid at all.
     case = Case(num_tokens, active=3, num_experts=16, idle=idle)
-    assert num_tokens * case.top_k <= min(w4a16.EACH_PAIR_MAX_PAIRS, case.num_experts)
+    assert num_tokens * case.top_k <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, case.num_experts)
     _, _, _, _, want, args = _inputs(case, gen, device)
     taken = []
     route = w4a16.route_pairs
     monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: taken.append(k["each_pair"]) or route(*a, **k))
     each = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(w4a16, "EACH_PAIR_MAX_PAIRS", 0)
+    monkeypatch.setattr(w4a16_plan, "EACH_PAIR_MAX_PAIRS", 0)
     sorted_ = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
     assert taken == [True, False]
     assert torch.equal(each, sorted_)
@@ -349,8 +349,8 @@ STREAM_CASES = [
     Case(3, active=2, hidden=544, inter=160),  # masked K tail (544 = 4.25 steps of 128) and N tail
     Case(6, active=3, idle=3),  # half the tokens have no local slot: their rows are 0
 ]
-# Stream programs per SM; the interpreter's GPU has 8 SMs (w4a16.sm_count), so 8, 16 and 40 programs: fewer than the
-# tiles, more than the K steps of a tile, some with no work at all.
+# Stream programs per SM; the interpreter's GPU has 8 SMs (w4a16_plan.sm_count), so 8, 16 and 40 programs: fewer than
+# the tiles, more than the K steps of a tile, some with no work at all.
 PROGRAMS_PER_SM = [1, 2, 5]
 
 
@@ -365,8 +365,10 @@ def test_stream_gemm1_matches_float64_reference_and_repeats(case, per_sm, gen, d
     weights, ids = _routing(case, gen)
     want = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
     args = [a.to(device) for a in (x, *layer.args(), weights, ids)]
-    sms = w4a16.sm_count(None if device.type == "cpu" else 0)
-    plan = w4a16.plan_gemms(config, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
+    sms = w4a16_plan.sm_count(None if device.type == "cpu" else 0)
+    plan = w4a16_plan.plan_gemms(
+        config, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms
+    )
     assert plan.gemm1.stream == per_sm * sms and plan.counters > 0, "the plan must take the stream-K schedule"
     out = moe.nvfp4_fused_moe(*args, config=config, num_global_experts=8 * case.num_experts)
     assert torch.isfinite(out).all()
@@ -391,13 +393,13 @@ def test_stream_gemm1_with_no_local_slot_writes_zeros(gen, device):
 
 def test_stream_only_where_a_config_asks_and_up_to_its_pair_limit():
     # GLM-5 EP8 shapes: 32 local experts of 256, H = 6144, I = 2048, on 132 SMs.
-    assert w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm1.stream == 0
-    plan = w4a16.plan_gemms(_stream_config(2), 8, 32, 256, 6144, 2048, 132)
-    assert plan.gemm1 == w4a16.Launch(plan.gemm1.block_programs, 1, 6144, stream=264)
+    assert w4a16_plan.plan_gemms(w4a16_tiles.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm1.stream == 0
+    plan = w4a16_plan.plan_gemms(_stream_config(2), 8, 32, 256, 6144, 2048, 132)
+    assert plan.gemm1 == w4a16_plan.Launch(plan.gemm1.block_programs, 1, 6144, stream=264)
     assert plan.counters == plan.gemm1.block_programs * 2048 // _stream_config(2).gemm1.block_n
-    assert plan.gemm2 == w4a16.plan_gemms(w4a16.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm2
-    many = w4a16.STREAM_PAIRS_PER_EXPERT * 256 + 8  # past the sizes where it was measured: the planned grid
-    assert w4a16.plan_gemms(_stream_config(2), many, 32, 256, 6144, 2048, 132).gemm1.stream == 0
+    assert plan.gemm2 == w4a16_plan.plan_gemms(w4a16_tiles.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm2
+    many = w4a16_plan.STREAM_PAIRS_PER_EXPERT * 256 + 8  # past the sizes where it was measured: the planned grid
+    assert w4a16_plan.plan_gemms(_stream_config(2), many, 32, 256, 6144, 2048, 132).gemm1.stream == 0
     # programs x units past int32 (the kernel's unit arithmetic): the planned grid rather than a failed call
-    wide = MoeConfig(GemmConfig(16, 16, 64, 4, 3, stream=8), w4a16.heuristic_config(1).gemm2)
-    assert w4a16.plan_gemms(wide, 2048, 256, 256, 65536, 2048, 132).gemm1.stream == 0
+    wide = MoeConfig(GemmConfig(16, 16, 64, 4, 3, stream=8), w4a16_tiles.heuristic_config(1).gemm2)
+    assert w4a16_plan.plan_gemms(wide, 2048, 256, 256, 65536, 2048, 132).gemm1.stream == 0

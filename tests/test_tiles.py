@@ -12,7 +12,7 @@ from sglang_glm5 import aot
 from sglang_glm5.aot import package_sources, source_digest
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.tiles import GemmConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16, w4a16_tiles
 
 SAMPLE = [
     GemmConfig(16, 64, 128, 4, 3),  # the decode heuristic
@@ -31,12 +31,14 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["rtx-pro-6000", "h200"])
-@pytest.mark.parametrize("kernel", w4a16.KERNELS)
+@pytest.mark.parametrize("kernel", w4a16_tiles.KERNELS)
 def test_model_bounds_the_compiler(target, kernel, fresh_cache):
     t = resolve(target)
     verdicts = []
-    for cfg, compiled in zip(SAMPLE, w4a16.compiled_shared_bytes_many([(kernel, c) for c in SAMPLE], t), strict=True):
-        modelled = w4a16.model_shared_bytes(kernel, cfg, t)
+    for cfg, compiled in zip(
+        SAMPLE, w4a16_tiles.compiled_shared_bytes_many([(kernel, c) for c in SAMPLE], t), strict=True
+    ):
+        modelled = w4a16_tiles.model_shared_bytes(kernel, cfg, t)
         assert compiled <= modelled, f"{cfg.label} on {t.sm}: model {modelled} B < compiler {compiled} B"
         verdicts.append(t.fits(compiled))
     if target == "rtx-pro-6000":
@@ -45,12 +47,12 @@ def test_model_bounds_the_compiler(target, kernel, fresh_cache):
 
 def test_compiled_shared_bytes_is_memoized_on_disk(fresh_cache):
     cfg, t = SAMPLE[0], TARGETS["rtx-pro-6000"]
-    first = w4a16.compiled_shared_bytes("gemm2", cfg, t)
+    first = w4a16_tiles.compiled_shared_bytes("gemm2", cfg, t)
     memo = json.loads((fresh_cache / "aot_shared.json").read_text())
     assert list(memo.values()) == [first]
     key = next(iter(memo))
     (fresh_cache / "aot_shared.json").write_text(json.dumps({key: 12345}))
-    assert w4a16.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
+    assert w4a16_tiles.compiled_shared_bytes("gemm2", cfg, t) == 12345  # read back, not recompiled
 
 
 # The memo's fingerprint of a kernel file covers the package modules it imports: an edit to nvfp4_decode.py (the decode
@@ -88,7 +90,7 @@ def test_source_digest_changes_with_an_imported_module(monkeypatch, tmp_path):
 
 
 def test_sm120_compile_uses_mma_sync_not_wgmma(fresh_cache):
-    asm = w4a16.compiled_asm("gemm1", SAMPLE[2], TARGETS["rtx-pro-6000"])
+    asm = w4a16_tiles.compiled_asm("gemm1", SAMPLE[2], TARGETS["rtx-pro-6000"])
     assert "mma.sync" in asm["ptx"] and "wgmma" not in asm["ptx"]
     assert ".target sm_120" in asm["ptx"]
 
@@ -105,7 +107,7 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
     kernels = {key: key.split("|")[2].split(".")[0] for key in data["entries"]}  # "gemm1.r2" -> "gemm1"
     assert all(key.split("|")[2].endswith(f".r{w4a16.KERNEL_REVISION}") for key in data["entries"]), "stale entries"
     items = sorted({(kernels[key], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
-    seen = dict(zip(items, w4a16.compiled_shared_bytes_many(items, target), strict=True))
+    seen = dict(zip(items, w4a16_tiles.compiled_shared_bytes_many(items, target), strict=True))
     for key, entry in data["entries"].items():
         kernel = kernels[key]
         cfg = GemmConfig(**entry["config"])
@@ -115,22 +117,22 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
 
 @pytest.mark.parametrize("name", ["h200", "rtx-pro-6000"])
 def test_every_shipped_entry_is_one_its_gemm_can_run(name):
-    # The rules a lookup applies with the GEMM's shape (w4a16.check_config: block_k, and a one-K-step gemm2 tile only
-    # where K fits its one step and N makes several tiles): no shipped entry is one a lookup would pass over.
+    # The rules a lookup applies with the GEMM's shape (w4a16_tiles.check_config: block_k, and a one-K-step gemm2 tile
+    # only where K fits its one step and N makes several tiles): no shipped entry is one a lookup would pass over.
     data = _shipped(name)
     for key, entry in data["entries"].items():
         kernel = key.split("|")[2].split(".")[0]
         enk = tuple(int(v.split("=")[1]) for v in key.split("|")[3].split(","))  # "E=256,N=6144,K=256"
-        w4a16.check_config(GemmConfig(**entry["config"]), kernel, enk)
+        w4a16_tiles.check_config(GemmConfig(**entry["config"]), kernel, enk)
     assert any(e["config"].get("one_k_step") for e in _shipped("h200")["entries"].values())
 
 
 def test_heuristic_fits_every_target_by_the_model():
     for t in TARGETS.values():
         for m in (1, 16, 32, 64, 128, 4096):
-            cfg = w4a16.heuristic_config(m)
-            for kernel in w4a16.KERNELS:
-                assert t.fits(w4a16.model_shared_bytes(kernel, getattr(cfg, kernel), t)), (t.name, m, kernel)
+            cfg = w4a16_tiles.heuristic_config(m)
+            for kernel in w4a16_tiles.KERNELS:
+                assert t.fits(w4a16_tiles.model_shared_bytes(kernel, getattr(cfg, kernel), t)), (t.name, m, kernel)
 
 
 def test_resolve_targets():
@@ -163,12 +165,12 @@ def test_a_malformed_or_invalid_label_is_refused(label):
 
 @pytest.mark.parametrize("target", ["h200", "rtx-pro-6000"])
 def test_the_stream_k_form_takes_no_more_shared_memory_than_the_tile(target):
-    # The tuner times a tile's stream-K plan with the tile's shared bytes (variants.w4a16.split_candidates): the
+    # The tuner times a tile's stream-K plan with the tile's shared bytes (variants.w4a16_plan.split_candidates): the
     # stream form, compiled only for configs that ask for it, must fit in what the tile's other forms take.
     t = resolve(target)
     for label in ("16x64x256-w4-s3", "16x128x256-w4-s3"):
         cfg = GemmConfig.from_label(label)
-        plain, stream = w4a16.compiled_shared_bytes_many(
+        plain, stream = w4a16_tiles.compiled_shared_bytes_many(
             [("gemm1", cfg), ("gemm1", GemmConfig.from_label(f"{label}-sk2"))], t
         )
         assert stream == plain, (target, label)
@@ -189,8 +191,8 @@ def test_a_one_k_step_tile_is_sized_for_the_one_form_it_runs_in():
     # config marked one_k_step is compiled in that form alone, and refused for gemm1.
     h200 = resolve("h200")
     cfg = GemmConfig.from_label("128x128x256-w8-s3-1k")
-    shared = w4a16.compiled_shared_bytes("gemm2", cfg, h200, memo=False)
-    assert h200.fits(shared) and h200.fits(w4a16.model_shared_bytes("gemm2", cfg, h200))
+    shared = w4a16_tiles.compiled_shared_bytes("gemm2", cfg, h200, memo=False)
+    assert h200.fits(shared) and h200.fits(w4a16_tiles.model_shared_bytes("gemm2", cfg, h200))
     assert shared < 128 * 256 * 2 + 3 * (128 * 256 // 2 + 128 * 256 // 16) + 128 * 128 * 4  # one activation tile
     with pytest.raises(ValueError, match="is a one-K-step gemm2 tile, got it for gemm1"):
-        w4a16._compiled_shared("gemm1", cfg, 90)
+        w4a16_tiles._compiled_shared("gemm1", cfg, 90)

@@ -33,7 +33,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
 
 from sglang_glm5.tiles import GemmConfig, compile_for_target  # noqa: E402
-from sglang_glm5.variants import w4a16  # noqa: E402
+from sglang_glm5.variants import w4a16_tiles  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels" / "nvfp4_moe.py"
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -153,7 +153,7 @@ def k_loop(sass: str) -> list[str]:
 def probe(name: str, fn, cfg: GemmConfig, form: dict, folder: Path) -> dict:
     consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True,
               "INTERPRETER": False, "LAYOUT": 2, "PDL": True, "BLOCKS_LAST": False, **form}  # fmt: skip
-    k = compile_for_target(fn, consts, cfg, 90, w4a16._POINTERS, w4a16._NOT_DIVISIBLE)
+    k = compile_for_target(fn, consts, cfg, 90, w4a16_tiles._POINTERS, w4a16_tiles._NOT_DIVISIBLE)
     cubin = folder / f"{slug(name)}_{cfg.label}.cubin"
     cubin.write_bytes(k.asm["cubin"])
     sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 from sglang_glm5 import bench_real, moe
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig, MoeConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan
 
 CASES = [("ep8", 1), ("ep8", 4), ("ep8", 16), ("ep8", 64), ("tp8", 1), ("tp8", 16)]
 
@@ -47,7 +47,7 @@ def main(out: Path) -> None:
     bw = bench_real.copy_bandwidth()
     layers = {}
     results = []
-    defaults = {"PROGRAMS_PER_SM": w4a16.PROGRAMS_PER_SM}
+    defaults = {"PROGRAMS_PER_SM": w4a16_plan.PROGRAMS_PER_SM}
     for name, batch in CASES:
         layout = bench_real.LAYOUTS[name]
         if name not in layers:

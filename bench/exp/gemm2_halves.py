@@ -2,7 +2,7 @@
 
 gemm2 decodes a whole [BLOCK_N, BLOCK_K] weight tile before its dots, so 16x128x256-w4-s3 (the h200 cache's EP8
 pick from 4 to 8 tokens per expert) holds 128 rows of decoded weights in registers: 228 a thread (sm_90 AOT, Triton
-3.8), 2 programs of 4 warps per SM. As two halves (``w4a16.GEMM2_HALVES``, ``HALVES`` in the kernel: two
+3.8), 2 programs of 4 warps per SM. As two halves (``w4a16_plan.GEMM2_HALVES``, ``HALVES`` in the kernel: two
 accumulators, each half decoded and multiplied in turn, the activations loaded once) it takes 147, and its 61440 B
 of shared memory let 3 programs in; gemm1 already works that way (gate, then up). Nsight Compute at EP8 B = 256
 (run 25): gemm2 1.88 warps per scheduler, 0.64 eligible, issue slots 42% busy. With the block loop the halves take
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from decode_cases import compare_settings
 
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,128,256").split(","))
 # Written when the op's defaults were one tile and the whole grid below one pair per expert (bfa1e13).
@@ -33,4 +33,4 @@ SETTINGS = {
 }
 
 if __name__ == "__main__":
-    compare_settings(Path(sys.argv[1]), "gemm2_halves", w4a16, SETTINGS, BATCHES, seed=41)
+    compare_settings(Path(sys.argv[1]), "gemm2_halves", w4a16_plan, SETTINGS, BATCHES, seed=41)

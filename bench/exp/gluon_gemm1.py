@@ -29,7 +29,7 @@ import triton
 from sglang_glm5 import bench_real
 from sglang_glm5.routing import route_pairs
 from sglang_glm5.tiles import GemmConfig
-from sglang_glm5.variants import w4a16, w4a16_gluon
+from sglang_glm5.variants import w4a16, w4a16_gluon, w4a16_plan
 
 BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
 
@@ -37,7 +37,7 @@ BASELINES = ("16x128x256-w4-s3", "16x64x256-w4-s3")
 def gluon_call(args, h, top_k, rows, inter, hidden, splits_want, lookahead, blocks, tile=w4a16_gluon.TILE):
     """The Gluon gemm1 with ``tile`` and ``lookahead`` quarters in flight, K in at most ``splits_want`` splits: a
     callable, and its split count."""
-    splits, per_split = w4a16.k_splits(hidden, tile.block_k, splits_want)
+    splits, per_split = w4a16_plan.k_splits(hidden, tile.block_k, splits_want)
     counters = torch.zeros(w4a16_gluon.counters_needed(blocks, inter, tile), dtype=torch.int32, device="cuda")
 
     def call():
@@ -51,7 +51,7 @@ def time_case(name, layout, weights, batch, inputs, variants_for, bw) -> dict:
     """Time the variants ``variants_for(args, ids, rows, route)`` returns ({label: (callable, h)}) on the case."""
     x, _, ids = inputs[0]
     xp = torch.empty_like(x)
-    each_pair = ids.numel() <= min(w4a16.EACH_PAIR_MAX_PAIRS, layout.num_experts)
+    each_pair = ids.numel() <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, layout.num_experts)
     route = route_pairs(ids, layout.num_experts, 16, permute=(x, xp), layout=weights.layout, each_pair=each_pair)
     args = (xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route)
     fns = variants_for(args, ids, weights.gate_up_rows, route)
@@ -102,19 +102,19 @@ def decode_variants(layout, batch, sms, per_sms=(1, 2, 4, 0)):
     def variants(args, ids, rows, route):
         cfg = dc.cached_config(layout, batch)
         num_pairs = ids.numel()
-        plan = w4a16.plan_gemms(cfg, num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, layout.hidden,
-                                layout.inter, sms)  # fmt: skip
+        plan = w4a16_plan.plan_gemms(cfg, num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, layout.hidden,
+                                     layout.inter, sms)  # fmt: skip
         h = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
         counters = torch.zeros(max(plan.counters, 1), dtype=torch.int32, device="cuda")
         fns = {f"op {cfg.gemm1.label}": (functools.partial(
             w4a16.launch_gemm1, *args, h, cfg.gemm1, ids.shape[1], *rows, False, launch=plan.gemm1, counters=counters,
             layout="kernel_wgmma"), h)}  # fmt: skip
-        expected = w4a16.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
+        expected = w4a16_plan.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
         tiles = triton.cdiv(layout.inter, w4a16_gluon.TILE.block_n)
         bound = route.block_expert.numel()
         for per_sm in per_sms:  # the op's split plan aimed at per_sm programs an SM; 0: unsplit
             tile = dataclasses.replace(w4a16_gluon.TILE, programs_per_sm=per_sm, split_k=0 if per_sm else 1)
-            want = w4a16.plan_launch(layout.hidden, tile, tiles, bound, expected, sms).splits
+            want = w4a16_plan.plan_launch(layout.hidden, tile, tiles, bound, expected, sms).splits
             hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
             call, splits = gluon_call(args, hg, ids.shape[1], rows, layout.inter, layout.hidden, want,
                                       w4a16_gluon.LOOKAHEAD, route.block_expert.numel())  # fmt: skip
@@ -137,13 +137,13 @@ def tile_variants(layout, batch, sms):
     def variants(args, ids, rows, route):
         fns = decode_variants(layout, batch, sms, per_sms=())(args, ids, rows, route)
         num_pairs = ids.numel()
-        expected = w4a16.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
+        expected = w4a16_plan.expected_blocks(num_pairs, layout.num_experts, bench_real.GLOBAL_EXPERTS, 16)
         bound = route.block_expert.numel()
         for item in labels:
             label, _, la = item.partition(":")
             tile = dataclasses.replace(GemmConfig.from_label(label), programs_per_sm=2, gluon=True)
-            want = w4a16.plan_launch(layout.hidden, tile, triton.cdiv(layout.inter, tile.block_n), bound, expected,
-                                     sms).splits  # fmt: skip
+            want = w4a16_plan.plan_launch(layout.hidden, tile, triton.cdiv(layout.inter, tile.block_n), bound, expected,
+                                          sms).splits  # fmt: skip
             hg = torch.zeros((num_pairs, layout.inter), dtype=torch.bfloat16, device="cuda")
             call, splits = gluon_call(args, hg, ids.shape[1], rows, layout.inter, layout.hidden, want, int(la or 1),
                                       bound, tile)  # fmt: skip
@@ -159,7 +159,7 @@ def main(out: Path) -> None:
     batches = [int(b) for b in os.environ.get("EXP_BATCHES", default).split(",")]
     gen = dc.generator({"decode": 101, "tiles": 103}.get(mode, 97))
     bw = bench_real.copy_bandwidth()
-    sms = w4a16.sm_count(torch.cuda.current_device())
+    sms = w4a16_plan.sm_count(torch.cuda.current_device())
     rows = []
     for name, layout, bundles, batch, inputs in dc.cases(gen, batches):
         if mode == "decode":

@@ -1,6 +1,6 @@
 """Experiment: what the W4A16 op's idle programs cost at real routing.
 
-The GEMM grids are sized on the host, without a sync: ``w4a16.plan_launch`` gives about twice the expected
+The GEMM grids are sized on the host, without a sync: ``w4a16_plan.plan_launch`` gives about twice the expected
 routing blocks (plus two) block programs times the N tiles (times the K splits), and programs past the used
 blocks exit at once. This times, for EP8 and TP8 at B = 1 .. 256 (``bench_real`` routing, CUDA graph over 16
 routings, round-robin twice on the same inputs):
@@ -24,10 +24,10 @@ from decode_cases import OP_KWARGS, cached_config, cases, floor_ms, generator, k
 
 from sglang_glm5 import bench_real, routing
 from sglang_glm5.moe import fused_moe
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan
 
 BATCHES = (1, 2, 4, 16, 64, 256)
-_real_plan = w4a16.plan_gemms
+_real_plan = w4a16_plan.plan_gemms
 _used: list[tuple[int, int]] = []  # (gemm1 used blocks, gemm2 used blocks) of the next calls, in order
 
 
@@ -63,12 +63,12 @@ def main(out: Path) -> None:
         def call(oracle, config, inputs=inputs, bundles=bundles, used=used, cfg=cfg):
             if oracle:
                 _used[:] = list(used[id(config or cfg)])
-                w4a16.plan_gemms = _oracle_plan
+                w4a16_plan.plan_gemms = _oracle_plan
             try:
                 for i, (x, w, ids) in enumerate(inputs):
                     fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
             finally:
-                w4a16.plan_gemms = _real_plan
+                w4a16_plan.plan_gemms = _real_plan
 
         times = {v: [] for v in variants}
         outs = {}
@@ -79,9 +79,9 @@ def main(out: Path) -> None:
                 x, w, ids = inputs[0]
                 if oracle:
                     _used[:] = [used[id(config or cfg)][0]]
-                    w4a16.plan_gemms = _oracle_plan
+                    w4a16_plan.plan_gemms = _oracle_plan
                 outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw)
-                w4a16.plan_gemms = _real_plan
+                w4a16_plan.plan_gemms = _real_plan
         kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
                    list(variants.items())[:2]}  # fmt: skip
         floor = floor_ms(inputs, layout, bw)

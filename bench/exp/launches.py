@@ -18,11 +18,12 @@ from decode_cases import OP_KWARGS, cases, floor_ms, generator
 
 from sglang_glm5 import bench_real
 from sglang_glm5.moe import fused_moe
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64").split(","))
-# name: (SGLANG_GLM5_PDL, w4a16.PDL_LAUNCHES, w4a16.PROGRAMS_PER_SM); EXP_SET picks a set. Run 21's set "prefetch"
-# (the GEMMs' L2 prefetch before their wait, w4a16.PREFETCH_LAUNCHES) ran on commit 9df2ba6, which has that code.
+# name: (SGLANG_GLM5_PDL, w4a16_plan.PDL_LAUNCHES, w4a16_plan.PROGRAMS_PER_SM); EXP_SET picks a set. Run 21's set
+# "prefetch" (the GEMMs' L2 prefetch before their wait, w4a16.PREFETCH_LAUNCHES) ran on commit 9df2ba6, which has that
+# code.
 ALL = ("route", "gemm1", "gemm2", "sum")
 SETS = {
     "pdl": {  # which launches use PDL (run 20)
@@ -57,8 +58,8 @@ def main(out: Path) -> None:
         for _ in range(2):
             for variant, (pdl, launches, pps) in VARIANTS.items():
                 os.environ["SGLANG_GLM5_PDL"] = pdl
-                w4a16.PDL_LAUNCHES = launches
-                w4a16.PROGRAMS_PER_SM = pps
+                w4a16_plan.PDL_LAUNCHES = launches
+                w4a16_plan.PROGRAMS_PER_SM = pps
                 times[variant].append(bench_real._time(call, True, len(inputs)))
                 x, w, ids = inputs[0]
                 outs[variant] = fused_moe(x, bundles[0], w, ids, **kw)
@@ -72,8 +73,8 @@ def main(out: Path) -> None:
         same = ",".join(v for v, s in row["same_bits"].items() if s)
         print(f"{name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cols} | same bits: {same}", flush=True)
     os.environ.pop("SGLANG_GLM5_PDL", None)
-    w4a16.PDL_LAUNCHES = ALL
-    w4a16.PROGRAMS_PER_SM = 2
+    w4a16_plan.PDL_LAUNCHES = ALL
+    w4a16_plan.PROGRAMS_PER_SM = 2
     (out / f"launches_{os.environ.get('EXP_SET', 'pdl')}.json").write_text(json.dumps(rows, indent=1))
 
 

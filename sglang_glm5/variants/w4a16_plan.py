@@ -1,0 +1,317 @@
+"""W4A16 grids: how many programs each GEMM of a call launches, and the rules a decode step runs by.
+
+At decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so the programs of the active blocks
+alone cannot fill the GPU: the K loop is then split (``plan_gemms``, from sizes known on the host, no sync). Beside
+the grids: the launches that use programmatic dependent launch, where gemm2 waits for its routing block's h alone
+(``awaits_blocks``) or fills gemm1's last wave (``overlaps_tail``), and the other plans the tuner times for a tile
+(``split_candidates``). Each rule's constant says where it was measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import triton
+
+from sglang_glm5.routing import num_blocks_bound
+from sglang_glm5.shapes import MoeShape
+from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig
+from sglang_glm5.variants import Bucket, w4a16_gluon
+from sglang_glm5.variants.w4a16_tiles import halvable, one_k_step_runs
+
+# Up to WHOLE_GRID_PAIRS_PER_EXPERT, a GEMM launch takes a program per possible routing block when their number is at
+# most this many times the blocks expected (``plan_launch``). H200, GLM-5 EP8 (bench/README.md, run 24): the whole grid
+# measured 0.92-0.98x at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last
+# in both; TP8's decode grids were whole already. At B = 128-256 (run 25) it keeps gemm2's halves at 147 registers.
+WHOLE_GRID_WITHIN = 5.0
+# gemm2 computes a 4-warp N tile of 128 rows or more as two halves, one after the other, when it walks one tile per
+# program (``halves``): the decoded weights of one half in registers at a time (sm_90 AOT, Triton 3.8:
+# 16x128x256-w4-s3 147 registers a thread against 228, 3 programs per SM instead of 2). H200, GLM-5 EP8, with the
+# whole grid up to 8 pairs per expert: B = 128 0.98x, B = 256 0.96x, B = 16 0.99x the op (bench/README.md, run 25).
+GEMM2_HALVES = True
+# ``WHOLE_GRID_WITHIN`` applies up to this many pairs per expert of the routing (GLM-5: B <= 256 tokens), the sizes
+# where it was measured; above, the block loop.
+WHOLE_GRID_PAIRS_PER_EXPERT = 8
+# Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
+PROGRAMS_PER_SM = 2
+# Programs per SM under which gemm2 halves its N tiles per program (``plan_gemms``), where I takes few K steps (GLM-5
+# TP8, I = 256). H200, TP8 at real routing (bench/README.md, run 37): aiming at 5 per SM instead of 2 takes B = 2-3 to
+# two tiles a program and B = 4-6 to four (from four or eight): the op 0.975, 0.994, 0.960, 0.993, 0.975x at B = 2-6,
+# the same bits; B >= 8 keep eight tiles a program and B = 1 (its cached tile two K steps deep) one (3 per SM: 0.972x at
+# B = 3, 1.001x at B = 2 and 5). Not measured on SM120, whose 188 SMs reach the aim with fewer tiles a program.
+MULTI_TILE_PROGRAMS_PER_SM = 5
+# Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
+# config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
+# tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
+SPLIT_TRIALS = (1, 4)
+# The targets ``tune --splits-only`` tries at a decode step beside the default (PROGRAMS_PER_SM): each that gives the
+# step a split count of its own is timed, and the step's entry keeps the fastest (bench/README.md, run 23).
+STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
+# The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
+# per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
+# (bench/README.md, run 20) unless gemm2 fills gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``).
+PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
+PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
+# Below this many tokens per expert (with PDL), where gemm2 walks several N tiles a program, gemm2's programs wait
+# for their routing block's h alone, counted by gemm1 in per-block ready counters, not for the whole of gemm1
+# (``awaits_blocks``). H200, GLM-5 at real routing, two seeds (bench/README.md, run 40): TP8 B = 2-16 (2-8 tiles a
+# program) 0.952-0.995x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
+# there. Asking the L2 for gemm2's weights before the wait, or napping between reads, did not help.
+AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
+# From one token per expert up to this many (GLM-5: B = 32-256, where gemm1 runs four to six waves of programs),
+# gemm2's programs fill gemm1's last wave (``overlaps_tail``): every launch with PDL, gemm2's programs waiting for their
+# routing block's h alone (the ready counters), and both GEMMs' grids with the block axis last, so that a block's N
+# tiles run side by side and its h is whole early, not in gemm1's last wave. H200, GLM-5 at real routing, seeds 43 /
+# 67, against the launches one after another on the same inputs, the same bits (bench/README.md, run 44): EP8 B = 32,
+# 64, 128, 256 0.975 / 0.969, 1.001 / 0.976, 0.987 / 0.980, 0.996 / 0.980x the op; TP8 0.951 / 0.946, 0.988 / 0.984,
+# 0.991 / 1.007, 1.001 / 0.998x. PDL alone there 0.985-1.026x; the counters with the blocks first 0.986-1.043x; the
+# blocks last alone 0.979-1.015x.
+TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT = 8
+# Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
+# instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
+EACH_PAIR_MAX_PAIRS = 16
+# A gemm1 config with ``stream`` (programs per SM) runs as a stream-K schedule (``Launch.stream``) up to this many pairs
+# per expert of the routing (GLM-5: B <= 256), the sizes where it was measured; above, the planned grid.
+STREAM_PAIRS_PER_EXPERT = 8
+# The stream-K programs per SM the tuner tries for gemm1 below one token per expert (``split_candidates``; a config
+# stores the winner as ``stream``). H200, GLM-5 (bench/README.md, run 28): 2 per SM 0.94-0.95x the op at EP8 B = 16
+# (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
+# slower at the other sizes measured.
+STREAM_TRIALS = (2, 3)
+# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 256): in the
+# H200 tune of run 31 the 2-stage Gluon gemm1 won the buckets of B = 128 and 256 too (0.94x and 0.98x the 16x128x256
+# Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); above it the tuner times the leading Triton gemm1 tile in
+# Gluon instead (``w4a16_gluon.prefill_forms``, run 34).
+GLUON_MAX_BUCKET = 8
+
+
+@functools.cache
+def sm_count(device_index: int | None) -> int:
+    """SMs of a CUDA device; 8 for the interpreter (a small GPU, so that tests exercise split-K)."""
+    if device_index is None:
+        return 8
+    from sglang_glm5.hardware import detect
+
+    return detect(device_index).sm_count
+
+
+def expected_blocks(num_pairs: int, num_experts: int, num_global_experts: int, block_m: int) -> float:
+    """Routing blocks a call is expected to use, with the pairs spread uniformly over all experts:
+    the local experts that receive a pair, plus the blocks their pairs fill."""
+    local_pairs = num_pairs * num_experts / num_global_experts
+    active = num_experts * (1.0 - (1.0 - 1.0 / num_global_experts) ** num_pairs)
+    return active + local_pairs / block_m
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Grid of one GEMM: block programs (each walks the used blocks b, b + programs, ...) and K splits; or, for gemm1,
+    a stream-K schedule of ``stream`` persistent programs (``kernels/nvfp4_moe.py``)."""
+
+    block_programs: int
+    splits: int
+    k_per_split: int  # K elements per split, a multiple of block_k
+    blocks_last: bool = False  # grid (N programs, K splits, block programs): the used blocks' programs launch first
+    stream: int = 0  # > 0: gemm1 as a stream-K schedule of this many programs (block_programs, splits unused)
+
+
+def plan_launch(
+    k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
+    split: bool = True, whole_grid_within: float = 0.0,
+) -> Launch:  # fmt: skip
+    """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
+    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``cfg.programs_per_sm``
+    (PROGRAMS_PER_SM when 0) per SM.
+
+    Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
+    routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
+    the bound is at most ``whole_grid_within`` times the expected blocks, a program per possible block (no
+    block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
+    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
+    """
+    work = max(1.0, blocks_expected) * n_programs
+    want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
+    programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
+    splits, per_split = k_splits(k_size, cfg.block_k, want)
+    if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
+        return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
+    return Launch(programs, splits, per_split)
+
+
+class GemmPlan(NamedTuple):
+    gemm1: Launch
+    gemm2: Launch
+    per_program: int  # gemm2's N tiles per program
+    counters: int  # int32 counters gemm1 needs (0 without a split or a stream-K schedule)
+
+
+def plan_gemms(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
+) -> GemmPlan:
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
+
+    def blocks(gemm: GemmConfig) -> tuple[int, float]:
+        bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
+        return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global_experts, gemm.block_m))
+
+    blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
+    tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
+    within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
+    steps = triton.cdiv(hidden, cfg.gemm1.block_k)
+    stream = cfg.gemm1.stream * sms
+    if (
+        stream
+        and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
+        and stream_fits(stream, blocks1[0] * tiles1 * steps)
+    ):
+        launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
+    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
+    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
+    least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
+    while per_program > least and blocks2[1] * triton.cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
+        per_program //= 2  # few blocks: keep the programs that fill the GPU
+    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
+                          whole_grid_within=within)  # fmt: skip
+    counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
+    return GemmPlan(launch1, launch2, per_program, counters)
+
+
+def awaits_blocks(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
+    """Whether gemm2's programs wait for their routing block's h alone (per-block ready counters that gemm1 fills)
+    rather than for the whole of gemm1: below ``AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT``, where gemm2 is a ``dependent``
+    launch (PDL; or the interpreter, which runs the same kernels in order) walking several N tiles a program (a few
+    programs a block, each with a long chain to start), both GEMMs on one routing (the same block_m) and gemm1 on a
+    planned grid (not stream-K)."""
+    return (
+        dependent
+        and num_pairs < AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT * num_global_experts
+        and plan.per_program > 1
+        and cfg.gemm1.block_m == cfg.gemm2.block_m
+        and not plan.gemm1.stream
+    )
+
+
+def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
+    """Whether gemm2's programs fill gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``): from one token per
+    expert up to that many, where gemm2 is a ``dependent`` launch (PDL; or the interpreter, which runs the same kernels
+    in order), both GEMMs on one routing (the same block_m), unsplit, and gemm1 on a planned grid (not stream-K). The
+    op then launches with PDL, both grids with the block axis last, and gemm2 waiting for each block's ready counter."""
+    return (
+        dependent
+        and num_global_experts <= num_pairs <= TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT * num_global_experts
+        and cfg.gemm1.block_m == cfg.gemm2.block_m
+        and plan.gemm1.splits == 1
+        and plan.gemm2.splits == 1
+        and not plan.gemm1.stream
+    )
+
+
+def in_tail_order(plan: GemmPlan) -> GemmPlan:
+    """``plan`` with both grids' block axis last, as the op runs it where ``overlaps_tail`` (and the tuner times it)."""
+    return plan._replace(gemm1=dataclasses.replace(plan.gemm1, blocks_last=True),
+                         gemm2=dataclasses.replace(plan.gemm2, blocks_last=True))  # fmt: skip
+
+
+def stream_fits(programs: int, units: int) -> bool:
+    """Whether a stream-K schedule of ``programs`` over at most ``units`` work units (blocks x N tiles x K steps)
+    keeps the kernel's int32 unit arithmetic (program x units) in range."""
+    return programs * units < 2**31
+
+
+# gemm2 tiles in their one-K-step form (``GemmConfig.one_k_step``), which the tuner times beside its leading tiles
+# above ONE_STEP_ABOVE_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them
+# and H makes two N tiles or more:
+# routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves both GEMMs), which the forms
+# that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, runs 35-36): gemm2
+# 128x128x256-w8-s3 746 us and one routing (76 us) against 794 us and two routings (105 us) with 64x256x256-w8-s3;
+# the tuner's pick, 128x128x256-w8-s4-1k (gemm2 0.949 against 0.999 ms), made the op 0.958x.
+ONE_STEP_TILES = tuple(GemmConfig(128, n, 256, num_warps=8, num_stages=s, one_k_step=True) for n, s in
+                       ((128, 3), (128, 4), (256, 3)))  # fmt: skip
+ONE_STEP_ABOVE_BUCKET = 64
+
+
+def split_candidates(
+    kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket, sms: int, targets: tuple[int, ...] = SPLIT_TRIALS,
+    arch: int | None = None,
+) -> list[GemmConfig]:  # fmt: skip
+    """``cfg`` with other plans for its grid, for the tuner to time beside the default plan.
+
+    Below one token per expert, other targets for its K split plan (``GemmConfig.programs_per_sm``: ``targets``):
+    those that give the bucket's step (``MoeShape.tokens_at``) another split count than the default does, one per
+    count. A target, not a fixed count, so that every step of the bucket gets the split its own blocks call for.
+    For a Triton gemm1, also the stream-K schedule at each of STREAM_TRIALS programs per SM (``GemmConfig.stream``).
+    None of these when ``cfg`` fixes its split, target or schedule already, at busy buckets, and for a gemm2 that
+    walks several N tiles per program (it does not split).
+
+    For gemm2 above ONE_STEP_ABOVE_BUCKET, ONE_STEP_TILES where I fits their one K step.
+
+    On ``sm_{arch}`` where the Gluon kernels run (``w4a16_gluon.runs_on``), up to GLUON_MAX_BUCKET: also their tiles
+    (``w4a16_gluon.TILES``) with the default plan and, below one token per expert where the GEMM splits, with each
+    other split count ``targets`` give and unsplit; above it (chunked prefill), ``cfg`` itself in Gluon
+    (``w4a16_gluon.prefill_forms``).
+    """
+    num_pairs = shape.tokens_at(bucket) * shape.top_k
+
+    def splits(c: GemmConfig) -> int | None:
+        plan = plan_gemms(MoeConfig(c, c), num_pairs, shape.num_experts, shape.all_experts, shape.hidden,
+                          shape.inter, sms)  # fmt: skip
+        if kernel == "gemm1":
+            return plan.gemm1.splits
+        return plan.gemm2.splits if plan.per_program == 1 else None
+
+    def other_plans(tile: GemmConfig, seen: set) -> list[GemmConfig]:
+        """Each target's plan with a split count not in ``seen``, and for a Gluon tile unsplit too."""
+        trials = [dataclasses.replace(tile, programs_per_sm=t) for t in targets]
+        if tile.gluon:
+            trials.append(dataclasses.replace(tile, split_k=1))
+        out = []
+        for trial in trials:
+            if (n := splits(trial)) not in seen:
+                seen.add(n)
+                out.append(trial)
+        return out
+
+    out = []
+    if bucket < 1 and not cfg.has_plan and (seen := {splits(cfg)}) != {None}:
+        out = other_plans(cfg, seen)
+        if kernel == "gemm1" and not cfg.gluon:
+            out += [dataclasses.replace(cfg, stream=n) for n in STREAM_TRIALS]
+    if kernel == "gemm2" and bucket > ONE_STEP_ABOVE_BUCKET and not cfg.has_plan:
+        out += [t for t in ONE_STEP_TILES if one_k_step_runs(t, shape.hidden, shape.inter) and t != cfg]
+    if arch is None or not w4a16_gluon.runs_on(arch):
+        return out
+    if bucket > GLUON_MAX_BUCKET:
+        return out + w4a16_gluon.prefill_forms(kernel, cfg)
+    for tile in w4a16_gluon.TILES[kernel]:
+        if cfg.without_plan() != tile:
+            out.append(tile)
+            if bucket < 1 and (n := splits(tile)) is not None:
+                out += other_plans(tile, {n})
+    return out
+
+
+def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
+    """(splits, K elements per split) for at most ``want`` splits (and MAX_SPLITS) of whole K steps, none empty."""
+    steps = triton.cdiv(k_size, block_k)
+    per_split = triton.cdiv(steps, max(1, min(steps, want, MAX_SPLITS)))
+    return triton.cdiv(steps, per_split), per_split * block_k
+
+
+def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
+    """N tiles per gemm2 program: as many as fit in 8 K steps (one when a tile alone takes 5 or more).
+
+    Measured on the H200 (bench/h200/runs/exp_flat_loop*.json): with I = 256 (GLM-5 TP8: one or two
+    K steps) 4-8 tiles per program made gemm2 5-29% faster; with I = 2048 (EP8: 8-32 steps) one tile
+    per program was 1-9% faster than several.
+    """
+    return max(1, 8 // triton.cdiv(inter, cfg.block_k))
+
+
+def halves(cfg: GemmConfig, per_program: int) -> bool:
+    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, a tile that can."""
+    return GEMM2_HALVES and per_program == 1 and halvable(cfg)
