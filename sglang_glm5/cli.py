@@ -144,10 +144,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Pick tile configs of a kernel family (--path) for a target GPU: measured on the local GPU, else
-    feasible picks offline. The same tuner for every family (``autotune.tune`` over ``variants.get``)."""
+    feasible picks offline. The same tuner for every family (``tuner.tune`` over ``variants.get``)."""
     from pathlib import Path
 
-    from sglang_glm5 import autotune, variants
+    from sglang_glm5 import autotune, tuner, variants
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
 
@@ -194,12 +194,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"tune --path {args.path}: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
     seed = int.from_bytes(os.urandom(4), "little")
     buckets = list(args.batch_sizes or variant.tune_buckets)
-    total = autotune.TuneReport()
+    total = tuner.TuneReport()
     rc = 0
     for shape in [parse_shape(s) for s in args.shape]:
         bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
-        entries, report = autotune.tune(
-            target, shape, buckets, bench, variant=variant, progress=autotune.print_progress, survey=not args.no_survey,
+        entries, report = tuner.tune(
+            target, shape, buckets, bench, variant=variant, progress=tuner.print_progress, survey=not args.no_survey,
             tiles=autotune.tiles_in_use(target, shape, variant.name) if args.splits_only else None,
         )  # fmt: skip
         autotune.store(out, target, entries)

@@ -1,7 +1,7 @@
 """``sglang-glm5 tune --path w4a4``: W4A4's search space and benchmarks, and the tokens per expert from
 which W4A4 beats W4A16.
 
-The tuner is ``autotune.tune`` over the W4A4 record (``variants.w4a4``): pruning by W4A4's shared-memory
+The tuner is ``tuner.tune`` over the W4A4 record (``variants.w4a4``): pruning by W4A4's shared-memory
 model and then by Triton's AOT compile for the target before any benchmark. On an SM12x GPU of the
 target's kind it benchmarks the feasible tiles (``kernel_bencher``); ``after_tune``
 then times the whole W4A4 op against W4A16 per bucket, checks W4A4 with the picked tiles against the

@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from sglang_glm5 import autotune, tiles, variants
+from sglang_glm5 import autotune, tiles, tuner, variants
 from sglang_glm5.autotune import ConfigCache, Entry, cache_key, gemm_shape, m_bucket
 from sglang_glm5.hardware import TARGETS, resolve
 from sglang_glm5.moe import nvfp4_fused_moe
@@ -255,9 +255,9 @@ def test_both_tune_paths_get_the_rounded_buckets(monkeypatch, tmp_path):
 
     def tune(target, shape, buckets, bench, *, variant, **kwargs):
         seen[variant.name] = list(buckets)
-        return {}, autotune.TuneReport()
+        return {}, tuner.TuneReport()
 
-    monkeypatch.setattr(autotune, "tune", tune)
+    monkeypatch.setattr(tuner, "tune", tune)
     for path in ("w4a16", "w4a4"):
         argv = ["tune", "--path", path, "--shape", "4,64,32", "--batch-sizes", "100,3,128,4,5000"]
         assert main([*argv, "--out", str(tmp_path / "out.json")]) == 0
@@ -295,7 +295,7 @@ def test_tuner_never_benchmarks_an_infeasible_config(monkeypatch):
         calls.append((kernel, cfg))
         return 1.0 / cfg.block_n  # the widest feasible tile wins
 
-    entries, report = autotune.tune(SM120, SHAPE, [1], fake_bench, variant=variant)
+    entries, report = tuner.tune(SM120, SHAPE, [1], fake_bench, variant=variant)
     assert report.candidates == 8 and report.pruned == 4 and report.benchmarked == 4 == len(calls)
     assert report.pruned_by_model >= 2  # the 256-deep tile never reaches the compiler
     assert entries[_key("gemm1", 1)].config == GemmConfig(16, 64, 64, 4, 4)
@@ -425,13 +425,13 @@ def test_tuner_times_the_leading_tiles_with_other_split_plans_and_keeps_a_winnin
         return cost(cfg)
 
     bucket = Fraction(1, 32)
-    entries, report = autotune.tune(SM120, EP8, [bucket], fake_bench, variant=variant)
+    entries, report = tuner.tune(SM120, EP8, [bucket], fake_bench, variant=variant)
     assert report.benchmarked == len(calls)
     for kernel in ("gemm1", "gemm2"):
         timed = [cfg for k, cfg in calls if k == kernel]
         tiles_first = list(itertools.takewhile(lambda c: not (c.programs_per_sm or c.stream), timed))
         assert len(tiles_first) >= 3 and set(tiles_first) <= set(space), "every fitting tile first, default plan"
-        leaders = sorted(tiles_first, key=cost)[: autotune.SPLIT_LEADERS]
+        leaders = sorted(tiles_first, key=cost)[: tuner.SPLIT_LEADERS]
         retimed = timed[len(tiles_first) :]
         assert retimed and all(c.programs_per_sm or c.stream for c in retimed)
         plain = {c: dataclasses.replace(c, programs_per_sm=0, stream=0) for c in retimed}
@@ -472,7 +472,7 @@ def test_tuner_times_one_k_step_tiles_and_stores_one_that_fits_and_wins(target, 
         calls.append((kernel, cfg))
         return 1.0 if cfg.one_k_step else 2.0 + cfg.block_k / 1e3
 
-    entries, _ = autotune.tune(t, TP8, [256], fake_bench, variant=variant)
+    entries, _ = tuner.tune(t, TP8, [256], fake_bench, variant=variant)
     one_step = [c for k, c in calls if c.one_k_step]
     assert all(k == "gemm2" for k, c in calls if c.one_k_step)
     fitting = {c for c in w4a16_plan.ONE_STEP_TILES if t.fits(w4a16_tiles.model_shared_bytes("gemm2", c, t))}
@@ -519,7 +519,7 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
     step = Fraction(12, 32)
     for shape in (EP8, TP8):
         calls.clear()
-        entries, report = autotune.tune(h200, shape, [step], fake_bench, tiles=autotune.tiles_in_use(h200, shape))
+        entries, report = tuner.tune(h200, shape, [step], fake_bench, tiles=autotune.tiles_in_use(h200, shape))
         defaults = 0
         for kernel in ("gemm1", "gemm2"):
             # with the Gluon kernels' trials where this Triton has Gluon
@@ -539,11 +539,11 @@ def test_splits_only_times_the_tile_in_use_with_each_split_count_and_keeps_the_f
         assert {b for _, _, b in calls} == {step}
         assert report.benchmarked == report.split_trials + defaults == len(calls)
     # A plan less than SPLIT_MARGIN faster than the default is within the timing spread: the default stays.
-    entries, _ = autotune.tune(h200, EP8, [step], lambda k, cfg, b: 1.0 - (cfg.programs_per_sm > 0) / 200,
+    entries, _ = tuner.tune(h200, EP8, [step], lambda k, cfg, b: 1.0 - (cfg.programs_per_sm > 0) / 200,
                                tiles=autotune.tiles_in_use(h200, EP8))  # fmt: skip
     assert [e.config for e in entries.values()] == [tile, tile]
     with pytest.raises(ValueError, match="needs the target's GPU"):
-        autotune.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
+        tuner.tune(h200, EP8, [step], None, tiles=autotune.tiles_in_use(h200, EP8))
 
 
 def test_splits_only_stores_a_winning_trial_of_another_tile_with_its_own_shared_bytes(tmp_path, monkeypatch):
@@ -566,7 +566,7 @@ def test_splits_only_stores_a_winning_trial_of_another_tile_with_its_own_shared_
         split_candidates=lambda kernel, cfg, shape, bucket, sms, targets=(), arch=None: [
             other, dataclasses.replace(other, programs_per_sm=1)],
     )  # fmt: skip
-    entries, _ = autotune.tune(h200, EP8, [Fraction(3, 32)], lambda k, cfg, b: 0.5 if cfg.gluon else 1.0,
+    entries, _ = tuner.tune(h200, EP8, [Fraction(3, 32)], lambda k, cfg, b: 0.5 if cfg.gluon else 1.0,
                                variant=variant, tiles=lambda kernel, bucket: tile)  # fmt: skip
     (entry,) = entries.values()
     assert entry.config.gluon and entry.shared_bytes == 70000
@@ -594,7 +594,7 @@ def test_splits_only_trusts_the_compiler_over_the_model_for_a_chosen_tile(tmp_pa
         timed.append(cfg)
         return 0.9 if cfg.gluon else 1.0
 
-    entries, _ = autotune.tune(h200, EP8, [256], bench, variant=variant, tiles=lambda kernel, bucket: tile)
+    entries, _ = tuner.tune(h200, EP8, [256], bench, variant=variant, tiles=lambda kernel, bucket: tile)
     (entry,) = entries.values()
     assert entry.config == gluon and entry.shared_bytes == 208896
     assert timed == [tile, gluon], "the form the compiler puts over 232448 B is not timed"
@@ -616,7 +616,7 @@ def test_splits_only_stores_a_stream_k_plan_only_where_it_beats_the_default(tmp_
         def fake_bench(kernel, cfg, bucket, faster=faster):
             return 1.0 - faster * (cfg.stream == 3)
 
-        entries, _ = autotune.tune(h200, EP8, [step], fake_bench, variant=variant, tiles=tiles_now)
+        entries, _ = tuner.tune(h200, EP8, [step], fake_bench, variant=variant, tiles=tiles_now)
         key = cache_key(h200, "gemm1", gemm_shape("gemm1", EP8), step, measured=True)
         if want is None:
             assert key not in entries
@@ -637,7 +637,7 @@ def _key_of(kernel: str, shape: MoeShape, bucket) -> str:
 
 
 def test_offline_tune_stores_feasible_unmeasured_picks():
-    entries, report = autotune.tune(SM120, SHAPE, [1, 64], None)
+    entries, report = tuner.tune(SM120, SHAPE, [1, 64], None)
     assert report.benchmarked == 0 and len(entries) == 4
     for entry in entries.values():
         assert entry.ms is None and SM120.fits(entry.shared_bytes)
@@ -659,16 +659,16 @@ def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
         compiled.extend(configs)
         return w4a16_tiles.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200)
 
-    report = autotune.TuneReport()
-    kept = autotune.prune(
+    report = tuner.TuneReport()
+    kept = tuner.prune(
         [loose, hopeless], h200, report, lambda c: w4a16_tiles.model_shared_bytes("gemm1", c, h200), compiler,
         lambda c: w4a16_tiles.model_shared_floor("gemm1", c),
     )  # fmt: skip
     assert compiled == [loose] and report.pruned_by_model == 1
     assert [cfg for cfg, _ in kept] == [loose] and h200.fits(kept[0][1])
     # Without the compiler the upper bound decides alone.
-    report = autotune.TuneReport()
-    assert autotune.prune([loose], h200, report, lambda c: w4a16_tiles.model_shared_bytes("gemm1", c, h200), None) == []
+    report = tuner.TuneReport()
+    assert tuner.prune([loose], h200, report, lambda c: w4a16_tiles.model_shared_bytes("gemm1", c, h200), None) == []
 
 
 # ---------------------------------------------------------------------------------------------

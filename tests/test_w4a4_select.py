@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from sglang_glm5 import autotune, hardware, variants, w4a4, w4a4_select, w4a4_tune, w4a4_verify
+from sglang_glm5 import autotune, hardware, tuner, variants, w4a4, w4a4_select, w4a4_tune, w4a4_verify
 from sglang_glm5.cli import main
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.shapes import MoeShape
@@ -429,13 +429,13 @@ def test_tuner_never_benchmarks_a_w4a4_config_that_overflows(monkeypatch):
         benched.append((kernel, cfg))
         return 1.0 / cfg.block_m  # the tallest feasible tile wins
 
-    entries, report = autotune.tune(SM120, SHAPE, [256], fake_bench, variant=variant)
+    entries, report = tuner.tune(SM120, SHAPE, [256], fake_bench, variant=variant)
     assert report.candidates == 6 and report.pruned_by_model >= 1 and report.benchmarked == len(benched)
     assert ("gemm1", space[2]) not in benched
     assert entries[_key("gemm1", 256)].config == space[1]
     assert entries[_key("gemm1", 256)].ms == pytest.approx(1 / 128)
     with pytest.raises(ValueError, match="W4A4 runs only on an SM12x GPU.*h200"):
-        autotune.tune(TARGETS["h200"], SHAPE, [256], fake_bench, variant=variant)
+        tuner.tune(TARGETS["h200"], SHAPE, [256], fake_bench, variant=variant)
 
 
 def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
@@ -448,7 +448,7 @@ def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
             raise RuntimeError("PassManager::run failed")
         return 1.0
 
-    entries, report = autotune.tune(SM120, SHAPE, [256], flaky_bench, variant=variant)
+    entries, report = tuner.tune(SM120, SHAPE, [256], flaky_bench, variant=variant)
     assert report.benchmarked == 2 and report.pruned_by_compiler == 2
     assert all(e.config == space[0] for e in entries.values())
 
@@ -456,7 +456,7 @@ def test_a_w4a4_candidate_that_fails_on_the_gpu_is_skipped(monkeypatch):
         raise RuntimeError("PassManager::run failed")
 
     with pytest.raises(RuntimeError, match="no W4A4 config of gemm1 ran on this GPU.*PassManager"):
-        autotune.tune(SM120, SHAPE, [256], broken_bench, variant=variant)
+        tuner.tune(SM120, SHAPE, [256], broken_bench, variant=variant)
 
 
 def test_tune_help_says_what_path_does(capsys):

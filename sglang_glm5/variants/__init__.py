@@ -54,7 +54,7 @@ class KernelVariant:
     # kernels' forms that run on sm_{arch}), for the tuner to time
     split_candidates: Callable[..., list[GemmConfig]] | None = None
     step_split_targets: tuple[int, ...] = ()  # the split targets ``tune --splits-only`` tries at a decode step
-    kernel_bencher: str = ""  # "module:function" (shape, seed) -> autotune.Bench, on the local GPU
+    kernel_bencher: str = ""  # "module:function" (shape, seed) -> tuner.Bench, on the local GPU
     after_tune: str = ""  # "module:function" run by `tune` after the tiles are stored (W4A4: its threshold)
     selfcheck: str = ""  # "module:function" (argparse args) -> exit code, for `selfcheck --path NAME`
 
