@@ -158,11 +158,12 @@ def launch_gemm2(
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
-    None = ``gemm2_tiles_per_program``; several tiles per program and a split K exclude each other. ``pdl`` as
-    ``launch_gemm1``. ``ready``: the counters gemm1 filled on the same routing (``launch_gemm1``): a program waits
-    until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1 (with ``pdl``,
-    while gemm1 still runs). A config marked ``gluon`` runs the Gluon kernel where ``w4a16_gluon.applies`` (a program
-    per possible block, the launch's splits and N tiles per program), else this one."""
+    None = ``w4a16_plan.gemm2_tiles_per_program``; several tiles per program and a split K exclude each other.
+    ``pdl`` as ``launch_gemm1``. ``ready``: the counters gemm1 filled on the same routing (``launch_gemm1``): a
+    program waits until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1
+    (with ``pdl``, while gemm1 still runs). A config marked ``gluon`` runs the Gluon kernel where
+    ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles per program), else this
+    one."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     w4a16_tiles.check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))

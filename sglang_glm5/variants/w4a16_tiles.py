@@ -146,15 +146,16 @@ _NOT_DIVISIBLE = {"num_pairs", "top_k", "gate_row0", "up_row0", "stride_gsg", "s
 # gemm1 with or without a split K, or as a stream-K schedule; gemm2 with one N tile per program, several, or a
 # split K, or several N tiles on activations loaded once where K is one step. They can differ by a few KB of shared
 # memory; a config must fit all, but a one-K-step tile (``GemmConfig.one_k_step``) only the one-step form, with and
-# without the block loop (the only forms ``launch_gemm2`` runs it in). The split forms are compiled with
+# without the block loop (the only forms ``w4a16.launch_gemm2`` runs it in). The split forms are compiled with
 # 2 splits (the number of splits changes the unrolled reduction, held in registers, not the shared memory), with
-# the block loop and with a program per possible block (``plan_launch``), the latter with the block axis
-# last (the grid's order changes no shared memory); gemm2 also as two halves (``halves``), for the configs that may
-# take them. The forms a decode step may run with per-block ready counters (``awaits_blocks``, ``overlaps_tail``) are
-# compiled with them: the counters add a word of shared memory at most (the same bytes for GLM-5's decode tiles on sm_90
-# and sm_120, Triton 3.8 AOT) and the code of the plain form. The unsplit forms are compiled in one grid order: the
-# block axis last (``overlaps_tail``) gave the same shared memory with and without the block loop (16x64x256-w4-s3
-# gemm1, 16x128x256-w4-s3 gemm2, sm_90 and sm_120, Triton 3.8 AOT).
+# the block loop and with a program per possible block (``w4a16_plan.plan_launch``), the latter with the block axis
+# last (the grid's order changes no shared memory); gemm2 also as two halves (``w4a16_plan.halves``), for the
+# configs that may take them. The forms a decode step may run with per-block ready counters
+# (``w4a16_plan.awaits_blocks``, ``w4a16_plan.overlaps_tail``) are compiled with them: the counters add a word of
+# shared memory at most (the same bytes for GLM-5's decode tiles on sm_90 and sm_120, Triton 3.8 AOT) and the code of
+# the plain form. The unsplit forms are compiled in one grid order: the block axis last (``w4a16_plan.overlaps_tail``)
+# gave the same shared memory with and without the block loop (16x64x256-w4-s3 gemm1, 16x128x256-w4-s3 gemm2, sm_90
+# and sm_120, Triton 3.8 AOT).
 FORMS = {
     "gemm1": (
         {"SPLITS": 1, "BLOCK_LOOP": False, "READY": True},
@@ -168,7 +169,7 @@ FORMS = {
         {"MULTI_TILE": True, "ONE_K_STEP": True, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True},  # I <= block_k
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "READY": True},
         {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": False, "BLOCKS_LAST": True, "READY": True},
-        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # only where ``halves`` allows it
+        {"MULTI_TILE": False, "SPLITS": 2, "BLOCK_LOOP": True, "HALVES": True},  # where w4a16_plan.halves allows
     ),
 }
 
@@ -197,7 +198,7 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
-    if cfg.one_k_step:  # the one form it runs in (``launch_gemm2`` refuses any other), with and without the block loop
+    if cfg.one_k_step:  # the one form it runs in (w4a16.launch_gemm2 refuses any other), with and without the loop
         check_config(cfg, kernel)  # gemm2 only
         forms = [form for f in forms if f.get("ONE_K_STEP") for form in (f, {**f, "BLOCK_LOOP": True})]
     shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
