@@ -64,7 +64,7 @@ def main(out: Path) -> None:
         floor = touched * layout.expert_bytes / bw * 1e3
         for variant, settings in VARIANTS.items():
             for k, v in defaults.items():
-                setattr(moe, k, settings.get(k, v))
+                setattr(w4a16_plan, k, settings.get(k, v))
             kw = {"check_ids": False, "num_global_experts": 256}
             if "config" in settings:
                 kw["config"] = settings["config"]

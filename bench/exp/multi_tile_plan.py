@@ -13,11 +13,11 @@ from pathlib import Path
 
 from decode_cases import compare_settings
 
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import w4a16_plan
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,3,4,5,6,8,12,16").split(","))
 SETTINGS = {f"{n} per SM": {"MULTI_TILE_PROGRAMS_PER_SM": n} for n in (2, 3, 5, 8)}
 
 if __name__ == "__main__":
     seed = int(os.environ.get("BENCH_SEED", "43"))
-    compare_settings(Path(sys.argv[1]), "multi_tile_plan", w4a16, SETTINGS, BATCHES, seed=seed)
+    compare_settings(Path(sys.argv[1]), "multi_tile_plan", w4a16_plan, SETTINGS, BATCHES, seed=seed)
