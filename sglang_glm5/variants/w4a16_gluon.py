@@ -161,7 +161,7 @@ def launch(
     lookahead: int = LOOKAHEAD, blocks_last: bool | None = None, ready: torch.Tensor | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I] (the arguments of ``w4a16.launch_gemm1``): K in ``splits`` of ``k_per_split`` columns
-    (whole K steps; ``w4a16.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split; ``ready``: the
+    (whole K steps; ``w4a16_plan.k_splits``), with ``counters`` (``counters_needed``, zeroed) when split; ``ready``: the
     per-block ready counters (``w4a16.launch_gemm1``, which returns what this returns: the split partials, or None).
     ``tile``: a config marked gluon (its block_n, block_k and num_stages); ``lookahead``: quarters of wgmmas left in
     flight; ``blocks_last``: the grid's N tiles first, so that a block's N tiles run side by side, while the blocks
