@@ -257,11 +257,11 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
     profile = load_profile(args.profile)
     if getattr(args, "mtp", False):
         profile = profile.with_mtp()
+    config_path, notes = _check_model(args.model)  # before SGLang's import (seconds): a wrong path is told at once
+    model, model_name = load_model_config(config_path)
     sglang_flags = sglang_flag_names()
     extras = parse_extras(list(args.extra), sglang_flags)
     _check_extras(profile, extras, args)
-    config_path, notes = _check_model(args.model)
-    model, model_name = load_model_config(config_path)
     nnodes = args.nnodes if args.nnodes is not None else profile.nnodes
     if nnodes != profile.nnodes:
         raise ValueError(f"--nnodes {nnodes}: profile {profile.name} runs on {profile.nnodes} node(s)")

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -185,8 +186,10 @@ def test_bad_input_is_one_clear_line(model_dir):
              "runs on 2 nodes: pass --node-rank"),
             ("a stray value", [*model, "--", "oops"], "'oops' after -- is not a --flag"),
         ]  # fmt: skip
-        for why, args, text in cases:
-            out = _serve(*args)
+        # Each case is a fresh interpreter importing SGLang (seconds): they run side by side.
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            outs = list(pool.map(lambda case: _serve(*case[1]), cases))
+        for (why, _, text), out in zip(cases, outs, strict=True):
             assert out.returncode == 2, (why, out.stderr)
             assert "Traceback" not in out.stderr and out.stdout == "", why
             lines = out.stderr.strip().splitlines()
