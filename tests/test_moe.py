@@ -9,7 +9,7 @@ import torch
 
 from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_moe_reference
-from sglang_glm5.routing import align_pairs_by_expert
+from sglang_glm5.routing import CHUNKED_ROUTE_PAIRS, align_pairs_by_expert
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import w4a16
@@ -126,8 +126,8 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
     "num_tokens,top_k,num_experts,block_m",
     [
         (1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16),
-        # prefill sizes: from routing.CHUNKED_ROUTE_PAIRS pairs two launches over chunks of the ids, the last partial
-        (4100, 8, 32, 128), (4097, 8, 65, 64),
+        # prefill sizes: from CHUNKED_ROUTE_PAIRS pairs two launches over chunks of the ids, the last partial
+        (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 32, 128), (CHUNKED_ROUTE_PAIRS // 8 + 3, 8, 65, 64),
     ],
 )  # fmt: skip
 def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, gen, device):
