@@ -10,8 +10,9 @@ The owner is whom an entry speaks for (``owner``). A measured entry is a time ta
 shared-memory model and Triton's ahead-of-time compile for sm_XY found feasible, a fact about the
 architecture and the shared memory per block: "sm_XY|shared=BYTES" (``sm_120|shared=101376``), read by
 every GPU that has both (an RTX PRO 6000 Workstation, Server or Max-Q, an RTX 5090). A lookup prefers
-the target's measured entry to its architecture's unmeasured one. Unmeasured entries stored under
-"NAME|sm_XY" by earlier versions are still read by that target.
+the target's measured entry to its architecture's unmeasured one, and between the two reads the measured entries
+of its siblings (``siblings``: known GPUs with its architecture, SM count and shared memory per block; an H100 SXM
+reads the H200's). Unmeasured entries stored under "NAME|sm_XY" by earlier versions are still read by that target.
 
 Files: every ``*.json`` in the user's folder ($SGLANG_GLM5_CACHE_DIR/autotune, default
 ~/.cache/sglang_glm5/autotune), then every one shipped in ``sglang_glm5.configs/autotune``
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from sglang_glm5 import variants
 from sglang_glm5._files import cache_dir, read_json, update_json
-from sglang_glm5.hardware import GpuTarget
+from sglang_glm5.hardware import TARGETS, GpuTarget
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import KernelVariant
@@ -118,9 +119,20 @@ def owner(target: GpuTarget, *, measured: bool) -> str:
     return f"sm_{target.arch}|shared={target.shared_per_block}"
 
 
-def owners(target: GpuTarget) -> tuple[str, str]:
-    """The owners whose entries a target reads, preferred first: its own measured ones, then its architecture's."""
-    return owner(target, measured=True), owner(target, measured=False)
+def siblings(target: GpuTarget) -> list[GpuTarget]:
+    """The known GPUs (``hardware.TARGETS``) other than ``target`` with its architecture, SM count and shared memory
+    per block: the same tiles fit and fill them, so a tile measured on one is a measured guess for the other (an
+    H100 SXM reads the H200's entries). On an H100 the H200's entries made the op 0.69-0.97x its time with the
+    heuristic tiles at GLM-5 real routing, B = 1-256 (bench/README.md, run 45)."""
+    same = (target.arch, target.sm_count, target.shared_per_block)
+    return [t for t in TARGETS.values() if t.name != target.name and (t.arch, t.sm_count, t.shared_per_block) == same]
+
+
+def owners(target: GpuTarget) -> tuple[str, ...]:
+    """The owners whose entries a target reads, preferred first: its own measured ones, its siblings' measured ones
+    (``siblings``, by name), then its architecture's unmeasured ones."""
+    kin = tuple(owner(t, measured=True) for t in sorted(siblings(target), key=lambda t: t.name))
+    return owner(target, measured=True), *kin, owner(target, measured=False)
 
 
 def cache_key(
@@ -129,9 +141,15 @@ def cache_key(
 ) -> str:  # fmt: skip
     """The entry's key for a GEMM of a kernel family (default W4A16); the family's revision in it retires
     entries tuned for an earlier kernel design."""
+    return owned_key(owner(target, measured=measured), kernel, enk, bucket, variant)
+
+
+def owned_key(who: str, kernel: str, enk: tuple[int, int, int], bucket: Bucket,
+              variant: KernelVariant | None = None) -> str:  # fmt: skip
+    """``cache_key`` with the owner given (``owners``)."""
     e, n, k = enk
     field = (variant or variants.get("w4a16")).key_kernel(kernel)
-    return f"{owner(target, measured=measured)}|{field}|E={e},N={n},K={k}|m={bucket}"
+    return f"{who}|{field}|E={e},N={n},K={k}|m={bucket}"
 
 
 @dataclass(frozen=True)
@@ -252,7 +270,8 @@ class ConfigCache:
 
     A bucket without an entry of its own borrows the entry of the nearest tuned bucket at most
     ``NEAREST_OCTAVES`` (2) powers of two away, the larger on a tie (``_nearest``); beyond that the
-    heuristic. At each bucket the target's measured entry comes before its architecture's unmeasured one.
+    heuristic. At each bucket the target's measured entry comes first, then its siblings', then its architecture's
+    unmeasured one.
     (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
     1.64 ms with the m=16 tiles against 1.17 ms, and the lookup took exact buckets only; see NEAREST_OCTAVES.)
     Each kernel family (``variants``) reads its own entries, by the kernel field of their keys.
@@ -305,9 +324,10 @@ class ConfigCache:
         return None
 
     def _exact(self, variant: KernelVariant, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
-        """The entry stored under this very bucket (measured first) that the family's kernels can run."""
-        for measured in (True, False):
-            key = cache_key(self.target, kernel, enk, bucket, measured=measured, variant=variant)
+        """The entry stored under this very bucket (by ``owners``: measured here first) that the family's kernels
+        can run."""
+        for who in owners(self.target):
+            key = owned_key(who, kernel, enk, bucket, variant)
             entry = self.entries.get(key)
             if entry is None:
                 continue

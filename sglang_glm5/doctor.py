@@ -155,9 +155,14 @@ def check_cache() -> list[tuple[str, str]]:
         target = hardware.detect()
         entries = autotune.ConfigCache(target).entries
         measured = sum(key.startswith(autotune.owner(target, measured=True) + "|") for key in entries)
-        unmeasured = len(entries) - measured
-        text = (f"cache: {len(entries)} entries for {target.name} ({measured} measured on it, {unmeasured} unmeasured "
-                f"for {target.sm} with {target.shared_per_block} B) under {where}")  # fmt: skip
+        kin = [t.name for t in autotune.siblings(target)]
+        borrowed = sum(key.startswith(tuple(f"{name}|" for name in kin)) for key in entries)
+        unmeasured = len(entries) - measured - borrowed
+        text = (
+            f"cache: {len(entries)} entries for {target.name} ({measured} measured on it, "
+            + (f"{borrowed} measured on {'/'.join(kin)} (same SMs and shared memory), " if kin else "")
+            + f"{unmeasured} unmeasured for {target.sm} with {target.shared_per_block} B) under {where}"
+        )
         missing = " (heuristic tiles: `sglang-glm5 tune --target local`)"
         lines.insert(0, (OK, text) if entries else (WARN, text + missing))
         return lines

@@ -695,14 +695,33 @@ def test_every_sm120_gpu_reads_the_shipped_sm120_entries(name):
 
 
 @pytest.mark.parametrize("name", ["h200", "h100", "sm90", "b200", "sm121"])
-def test_other_gpus_read_neither_the_sm120_entries_nor_another_devices_measured_ones(name):
-    """h200.json is measured on an H200: an H100 or a generic sm_90 (same arch and shared memory) reads
-    none of it; no other architecture or shared memory reads the sm_120 entries."""
+def test_measured_entries_are_read_by_their_gpu_and_its_siblings_alone(name):
+    """h200.json is measured on an H200: it and its sibling the H100 SXM (sm_90, 132 SMs, the same shared memory)
+    read all of it; a generic sm_90 (SM count unknown) none; no other architecture or shared memory reads the sm_120
+    entries."""
     target = resolve(name)
     measured = _shipped("h200.json")
     assert measured and all(v["measured"] is True for v in measured.values())
-    want = set(measured) if name == "h200" else set()
+    want = set(measured) if name in ("h200", "h100") else set()
     assert set(ConfigCache(target).entries) == want
+
+
+def test_a_gpu_prefers_its_own_measured_entry_to_its_siblings_and_theirs_to_the_architectures(tmp_path):
+    h100, h200 = TARGETS["h100"], TARGETS["h200"]
+    assert autotune.siblings(h100) == [h200] and autotune.siblings(TARGETS["a100"]) == []
+    enk = gemm_shape("gemm1", SHAPE)
+    mine, kin, arch = GemmConfig(16, 32, 64, 2, 2), GemmConfig(16, 64, 64, 4, 2), GemmConfig(32, 64, 128, 4, 2)
+    path = tmp_path / "c.json"
+    entries = {cache_key(h200, "gemm1", enk, 4, measured=True): _entry(kin),
+               cache_key(h100, "gemm1", enk, 4, measured=False): Entry(arch, 20000, None, "test")}  # fmt: skip
+    autotune.store(path, h200, entries)
+    assert ConfigCache(h100, [path]).lookup(SHAPE, 4).gemm1 == kin
+    autotune.store(path, h100, {cache_key(h100, "gemm1", enk, 4, measured=True): _entry(mine)})
+    assert ConfigCache(h100, [path]).lookup(SHAPE, 4).gemm1 == mine
+    assert ConfigCache(h200, [path]).lookup(SHAPE, 4).gemm1 == kin  # each its own first
+    # Another SM count (an H100 PCIe: 114 SMs) is no sibling: the architecture's entry.
+    pcie = dataclasses.replace(h100, name="h100-pcie", device_name="NVIDIA H100 PCIe", sm_count=114)
+    assert ConfigCache(pcie, [path]).lookup(SHAPE, 4).gemm1 == arch
 
 
 def test_measured_entry_wins_at_its_bucket_and_old_unmeasured_keys_are_still_read(tmp_path):
@@ -718,8 +737,10 @@ def test_measured_entry_wins_at_its_bucket_and_old_unmeasured_keys_are_still_rea
     assert cache.lookup(SHAPE, 4) == tiles.MoeConfig(other, other)
     autotune.store(path, SM120, {_key("gemm2", 4): _entry(SMALL)})  # a measured gemm2 entry
     assert ConfigCache(SM120, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(other, SMALL)
-    server = TARGETS["rtx-pro-6000-server"]  # the arch entry is shared, the device ones are not
-    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(w4a16_tiles.heuristic_config(4).gemm1, other)
+    server = TARGETS["rtx-pro-6000-server"]  # a sibling (188 SMs, the same shared memory): the device's entries too
+    assert ConfigCache(server, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(other, SMALL)
+    five = TARGETS["rtx-5090"]  # 170 SMs: the arch entry is shared, the device ones are not
+    assert ConfigCache(five, [path]).lookup(SHAPE, 4) == tiles.MoeConfig(w4a16_tiles.heuristic_config(4).gemm1, other)
 
 
 def test_a_target_reads_its_architectures_entries_from_any_file_and_its_own_file_first(isolated_cache):
