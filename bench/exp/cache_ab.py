@@ -28,16 +28,22 @@ def picker(cache: autotune.ConfigCache):
     return pick
 
 
+def compare_caches(out: Path, name: str, caches: dict[str, autotune.ConfigCache], batches) -> None:
+    """Print the tiles each cache picks per layout and B, then time the op with each (the first the reference) at
+    real routing, seed $BENCH_SEED (default 67)."""
+    for layout_name, layout in bench_real.LAYOUTS.items():
+        shape = MoeShape(layout.num_experts, layout.hidden, layout.inter)
+        for b in batches:
+            m = b * bench_real.TOP_K / bench_real.GLOBAL_EXPERTS
+            picks = "; ".join(f"{k} {c.gemm1.label}, {c.gemm2.label}" for k, c in
+                              ((k, cache.lookup(shape, m)) for k, cache in caches.items()))  # fmt: skip
+            print(f"{layout_name} B={b:3d}: {picks}")
+    settings = {k: {"pick_config": picker(cache)} for k, cache in caches.items()}
+    seed = int(os.environ.get("BENCH_SEED", "67"))
+    compare_settings(out, name, autotune, settings, batches, seed=seed)
+
+
 if __name__ == "__main__":
     target = detect(torch.cuda.current_device())
     shipped = autotune.ConfigCache(target, [autotune.shipped_cache_path(target)])
-    tuned = autotune.ConfigCache(target)
-    for name, layout in bench_real.LAYOUTS.items():
-        shape = MoeShape(layout.num_experts, layout.hidden, layout.inter)
-        for b in BATCHES:
-            m = b * bench_real.TOP_K / bench_real.GLOBAL_EXPERTS
-            a, t = shipped.lookup(shape, m), tuned.lookup(shape, m)
-            print(f"{name} B={b:3d}: shipped {a.gemm1.label}, {a.gemm2.label}; tuned {t.gemm1.label}, {t.gemm2.label}")
-    settings = {"shipped": {"pick_config": picker(shipped)}, "tuned": {"pick_config": picker(tuned)}}
-    seed = int(os.environ.get("BENCH_SEED", "67"))
-    compare_settings(Path(sys.argv[1]), "cache_ab", autotune, settings, BATCHES, seed=seed)
+    compare_caches(Path(sys.argv[1]), "cache_ab", {"shipped": shipped, "tuned": autotune.ConfigCache(target)}, BATCHES)
