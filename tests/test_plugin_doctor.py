@@ -35,3 +35,22 @@ def test_doctor_fails_on_another_sglang_version(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert rc == 1
     assert "[FAIL] sglang 0.5.99 (supported: 0.5.23)" in out and "1 check(s) FAILED" in out
+
+
+def test_doctor_counts_an_h100s_entries_borrowed_from_the_h200(monkeypatch, tmp_path):
+    # On a GPU, doctor counts what the op's lookup reads: an H100 SXM has no entries of its own and reads the shipped
+    # h200.json's measured ones as a sibling's (autotune.siblings).
+    import json
+
+    import torch
+
+    from sglang_glm5 import autotune, doctor, hardware
+
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hardware, "detect", lambda device=0: hardware.TARGETS["h100"])
+    shipped = json.loads((autotune.shipped_dir() / "h200.json").read_text())["entries"]
+    level, text = doctor.check_cache()[0]
+    assert level == doctor.OK, text
+    assert f"cache: {len(shipped)} entries for h100 (0 measured on it, {len(shipped)} measured on h200" in text
+    assert "0 unmeasured" in text
