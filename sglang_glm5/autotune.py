@@ -125,13 +125,14 @@ def siblings(target: GpuTarget) -> list[GpuTarget]:
     H100 SXM reads the H200's entries). On an H100 the H200's entries made the op 0.69-0.97x its time with the
     heuristic tiles at GLM-5 real routing, B = 1-256 (bench/README.md, run 45)."""
     same = (target.arch, target.sm_count, target.shared_per_block)
-    return [t for t in TARGETS.values() if t.name != target.name and (t.arch, t.sm_count, t.shared_per_block) == same]
+    kin = [t for t in TARGETS.values() if t.name != target.name and (t.arch, t.sm_count, t.shared_per_block) == same]
+    return sorted(kin, key=lambda t: t.name)
 
 
 def owners(target: GpuTarget) -> tuple[str, ...]:
     """The owners whose entries a target reads, preferred first: its own measured ones, its siblings' measured ones
     (``siblings``, by name), then its architecture's unmeasured ones."""
-    kin = tuple(owner(t, measured=True) for t in sorted(siblings(target), key=lambda t: t.name))
+    kin = tuple(owner(t, measured=True) for t in siblings(target))
     return owner(target, measured=True), *kin, owner(target, measured=False)
 
 
@@ -279,6 +280,7 @@ class ConfigCache:
 
     def __init__(self, target: GpuTarget, paths: Iterable[Path] | None = None):
         self.target = target
+        self.owners = owners(target)  # whose entries it reads, preferred first
         self.paths = list(paths) if paths is not None else cache_files(target)
         self.entries: dict[str, Entry] = {}
         for path in reversed(self.paths):  # earlier paths win
@@ -326,7 +328,7 @@ class ConfigCache:
     def _exact(self, variant: KernelVariant, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:
         """The entry stored under this very bucket (by ``owners``: measured here first) that the family's kernels
         can run."""
-        for who in owners(self.target):
+        for who in self.owners:
             key = owned_key(who, kernel, enk, bucket, variant)
             entry = self.entries.get(key)
             if entry is None:

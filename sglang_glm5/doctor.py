@@ -153,10 +153,12 @@ def check_cache() -> list[tuple[str, str]]:
     where = f"{autotune.user_dir()} and {autotune.shipped_dir()}"
     if torch.cuda.is_available():
         target = hardware.detect()
-        entries = autotune.ConfigCache(target).entries
-        measured = sum(key.startswith(autotune.owner(target, measured=True) + "|") for key in entries)
+        cache = autotune.ConfigCache(target)
+        entries = cache.entries
+        own, *borrowed_from, _ = cache.owners  # own measured, siblings' measured, the architecture's unmeasured
+        measured = sum(key.startswith(own + "|") for key in entries)
+        borrowed = sum(key.startswith(tuple(o + "|" for o in borrowed_from)) for key in entries)
         kin = [t.name for t in autotune.siblings(target)]
-        borrowed = sum(key.startswith(tuple(f"{name}|" for name in kin)) for key in entries)
         unmeasured = len(entries) - measured - borrowed
         text = (
             f"cache: {len(entries)} entries for {target.name} ({measured} measured on it, "
