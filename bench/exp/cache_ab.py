@@ -1,7 +1,8 @@
 """Experiment: the op with the shipped cache against the shipped cache under the user's (a fresh ``tune``), same calls.
 
 Each setting replaces ``autotune.pick_config`` with lookups in one ``ConfigCache`` of this GPU: "shipped" reads the
-package's file alone, "tuned" the user's cache over it (``$SGLANG_GLM5_CACHE_DIR``, as the op would). Times the op at
+package's files alone (the GPU's own, then its siblings', as the op with no user cache), "tuned" the user's cache over
+them (``$SGLANG_GLM5_CACHE_DIR``, as the op would). Times the op at
 real routing, round-robin from CUDA graphs on the same inputs, with per-kernel device times and the tiles each
 setting picked per step.
 Usage: python bench/exp/cache_ab.py OUT_DIR   (EXP_BATCHES, default 1,2,3,...,16; BENCH_SEED, default 67)
@@ -45,5 +46,7 @@ def compare_caches(out: Path, name: str, caches: dict[str, autotune.ConfigCache]
 
 if __name__ == "__main__":
     target = detect(torch.cuda.current_device())
-    shipped = autotune.ConfigCache(target, [autotune.shipped_cache_path(target)])
+    # What the op reads with no user cache: the shipped folder's files (the target's own, then its siblings').
+    files = [p for p in autotune.cache_files(target) if p.parent == autotune.shipped_dir()]
+    shipped = autotune.ConfigCache(target, files)
     compare_caches(Path(sys.argv[1]), "cache_ab", {"shipped": shipped, "tuned": autotune.ConfigCache(target)}, BATCHES)
