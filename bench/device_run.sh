@@ -52,12 +52,14 @@ if [[ $STEPS == *tune* ]]; then
   cp "${SGLANG_GLM5_CACHE_DIR:-$HOME/.cache/sglang_glm5}"/autotune/*.json "$OUT/" 2>/dev/null
 fi
 if [[ $STEPS == *bench* ]]; then
-  # Decode at real routing (the default), then the balanced-m table.
-  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME:-h200_moe_bench}_real" --seed "${BENCH_SEED:-1}" \
+  # Decode at real routing (the default), then the balanced-m table; named after the GPU (h200_moe_bench, ...) unless
+  # BENCH_NAME says otherwise.
+  BENCH_NAME=${BENCH_NAME:-$(python3 -c "from sglang_glm5.hardware import detect; print(detect(0).name)")_moe_bench}
+  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME}_real" --seed "${BENCH_SEED:-1}" \
     ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench_real.log" || rc=1
   python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
-    --name "${BENCH_NAME:-h200_moe_bench}" 2>&1 | tee "$OUT/bench.log" || rc=1
+    --name "$BENCH_NAME" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
   # The same benches (the same routings: BENCH_SEED; BASE_ARGS: more bench_real arguments, e.g. --batch 5,9), our op
