@@ -35,6 +35,11 @@ SHARED_PER_BLOCK = {
     120: 101376,  # RTX PRO 6000 Blackwell, RTX 50xx
     121: 101376,  # DGX Spark (GB10)
 }
+# Shared memory an SM holds for its resident blocks, and what the driver reserves of it for each block (same source):
+# how many programs of a tile can be resident on an SM by shared memory (``programs_by_shared``).
+SHARED_PER_SM = {80: 167936, 86: 102400, 87: 167936, 89: 102400, 90: 233472, 100: 233472, 103: 233472, 120: 102400,
+                 121: 102400}  # fmt: skip
+RESERVED_PER_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,12 @@ class GpuTarget:
 
     def fits(self, shared_bytes: int) -> bool:
         return shared_bytes <= self.shared_per_block
+
+    def programs_by_shared(self, shared_bytes: int) -> int:
+        """Programs of a kernel using ``shared_bytes`` that an SM holds at once as far as shared memory goes (other
+        limits, registers and warps, may hold fewer): 1 for an RTX PRO 6000 at 53248 B, 3 at 26624 B."""
+        per_sm = SHARED_PER_SM.get(self.arch, self.shared_per_block + RESERVED_PER_BLOCK)
+        return per_sm // (shared_bytes + RESERVED_PER_BLOCK)
 
 
 TARGETS = {

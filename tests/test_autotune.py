@@ -643,6 +643,30 @@ def test_offline_tune_stores_feasible_unmeasured_picks():
         assert entry.as_json()["measured"] is False
 
 
+def test_an_offline_pick_keeps_the_launch_plans_programs_an_sm_by_shared_memory():
+    """The heuristic's 3-stage 16x64x256 gemm1 takes 53248 B on sm_120, one program an SM (100 KB), where a decode
+    step's split grid is sized for two: offline the tuner takes its 2-stage form (26624 B, three). The 3-stage gemm2
+    (36864 B) holds two and stays; so do both on the H200 (228 KB an SM). Prefill tiles hold two or more already."""
+    h200 = TARGETS["h200"]
+    assert tuner.OFFLINE_RESIDENT == w4a16_plan.PROGRAMS_PER_SM == 2
+    resident = SM120.programs_by_shared(53248), SM120.programs_by_shared(26624), h200.programs_by_shared(53248)
+    assert resident == (1, 3, 4)
+    for bucket in (Fraction(1, 32), 8, 2048):
+        want = w4a16_tiles.heuristic_config(bucket)
+        for target in (SM120, h200):
+            entries, _ = tuner.tune(target, SHAPE, [bucket], None)
+            picks = {k: entries[cache_key(target, k, gemm_shape(k, SHAPE), bucket, measured=False)] for k in
+                     ("gemm1", "gemm2")}  # fmt: skip
+            for kernel, entry in picks.items():
+                assert target.programs_by_shared(entry.shared_bytes) >= tuner.OFFLINE_RESIDENT, (target.name, kernel)
+                assert entry.config.without_plan() == dataclasses.replace(
+                    getattr(want, kernel), num_stages=entry.config.num_stages
+                ), (target.name, kernel, bucket)
+            fewer = target is SM120 and bucket <= 8
+            assert picks["gemm1"].config.num_stages == (2 if fewer else want.gemm1.num_stages), (target.name, bucket)
+            assert picks["gemm2"].config == want.gemm2, (target.name, bucket)
+
+
 def test_compiler_rules_where_the_upper_bound_is_loose(tmp_path, monkeypatch):
     """A tile the conservative model rejects for the H200 (233472 B > 232448 B) but that compiles within
     the limit is kept for benchmarking; one that cannot fit even at the floor never reaches the compiler."""

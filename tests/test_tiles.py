@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_glm5 import aot
+from sglang_glm5 import aot, autotune, tuner
 from sglang_glm5.aot import package_sources, source_digest
 from sglang_glm5.hardware import TARGETS, resolve
+from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16, w4a16_tiles
 
@@ -113,6 +114,20 @@ def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
         cfg = GemmConfig(**entry["config"])
         assert target.fits(seen[(kernel, cfg)]), f"{key}: {cfg.label} needs {seen[(kernel, cfg)]} B on sm_120"
         assert entry["measured"] is False, "no SM120 GPU measured these"
+    # They are what `sglang-glm5 tune --target rtx-pro-6000` writes for their shapes and buckets (the same compiles).
+    shapes = {(e, k, n // 2) for kernel, (e, n, k) in map(_gemm_of, data["entries"]) if kernel == "gemm1"}
+    buckets = sorted({autotune.parse_bucket(key.split("|")[4].removeprefix("m=")) for key in data["entries"]})
+    for e, h, i in sorted(shapes):
+        entries, _ = tuner.tune(target, MoeShape(e, h, i), buckets, None)
+        for key, entry in entries.items():
+            shipped = data["entries"][key]
+            assert (entry.config, entry.shared_bytes) == (GemmConfig(**shipped["config"]), shipped["shared_bytes"]), key
+
+
+def _gemm_of(key: str) -> tuple[str, tuple[int, ...]]:
+    """("gemm1", (E, N, K)) of a cache key "...|gemm1.r3|E=32,N=4096,K=6144|m=1"."""
+    fields = key.split("|")
+    return fields[2].split(".")[0], tuple(int(v.split("=")[1]) for v in fields[3].split(","))
 
 
 @pytest.mark.parametrize("name", ["h200", "rtx-pro-6000"])
