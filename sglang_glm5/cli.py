@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
         "per-block limit (an analytic bound, then Triton's ahead-of-time compile for that architecture: no GPU "
         "needed), then benchmarks the rest when the target is this machine's GPU (below one token per expert, the "
         "three fastest W4A16 tiles are timed again aiming their K split at 1 and 4 programs per SM); otherwise "
-        "stores the feasible config nearest the built-in heuristic (with fewer stages where the heuristic's would "
-        "leave fewer than two programs an SM by shared memory), marked measured: false and keyed by the "
+        "stores the feasible config nearest the built-in heuristic (for decode, with fewer stages where the "
+        "heuristic's would hold fewer programs an SM by shared memory than the launch is sized for), marked "
+        "measured: false and keyed by the "
         "architecture and shared memory per block, so that every GPU sharing both reads it. Prints per GEMM the "
         "candidates, how many the shared-memory model and the compiler ruled out, and the largest tile that fits. "
         "Writes the user cache ($SGLANG_GLM5_CACHE_DIR/autotune/TARGET.json) unless --out is given.",

@@ -2,8 +2,9 @@
 per expert, the family's candidates that fit the target's shared memory (pruned by the family's model, then by
 Triton's ahead-of-time compile: no GPU needed), timed by a bencher, the fastest kept as a cache entry
 (``autotune.Entry`` under ``autotune.cache_key``; the caller stores them, ``autotune.store``). Without a bencher (a GPU
-not at hand): the heuristic's tile, or the fitting one nearest to it, with fewer stages where the heuristic's would
-leave fewer than two programs an SM (``OFFLINE_RESIDENT``), marked unmeasured.
+not at hand): the heuristic's tile, or the fitting one nearest to it, with fewer stages where it would hold fewer
+programs an SM by shared memory than the family's launch sizes that GEMM's grid for (``KernelVariant.resident_aim``),
+marked unmeasured.
 
 Tuning happens offline (``sglang-glm5 tune``), never inside a request.
 """
@@ -23,17 +24,12 @@ from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import KernelVariant
-from sglang_glm5.variants.w4a16_plan import PROGRAMS_PER_SM
 
 # Tiles per (kernel, bucket) the tuner times again with other K split plans (``KernelVariant.split_candidates``).
 SPLIT_LEADERS = 3
 # ``tune --splits-only`` keeps another split plan than the default only when it is at least this much faster: on the
 # H200 a plan the tuner timed 0.7% faster than the default measured 2% slower in the whole op (bench/README.md, run 23).
 SPLIT_MARGIN = 0.02
-# Programs an offline pick (no GPU to time it) keeps resident per SM by shared memory, taking fewer stages where the
-# heuristic's tile holds fewer: the W4A16 launch plan sizes a decode step's split grid for this many programs an SM
-# (``w4a16_plan.PROGRAMS_PER_SM``), so a tile holding fewer would run that grid in waves.
-OFFLINE_RESIDENT = PROGRAMS_PER_SM
 
 
 @dataclass
@@ -166,8 +162,8 @@ def tune(
     the family has ``split_candidates`` (W4A16 below one token per expert), the SPLIT_LEADERS fastest tiles are
     timed again with other targets for their K split plan. A candidate that fails to compile or launch is
     skipped and counted with the compiler's prunes. Without ``bench``: the heuristic's pick when it fits, else
-    the fitting candidate nearest to it, with fewer stages where it would leave fewer than ``OFFLINE_RESIDENT``
-    programs resident an SM (``_offline_pick``), marked unmeasured (a few AOT compiles, not the whole space); with
+    the fitting candidate nearest to it, with fewer stages where it would hold fewer programs resident an SM than the
+    family's ``resident_aim`` (``_offline_pick``), marked unmeasured (a few AOT compiles, not the whole space); with
     ``survey`` the whole search space is also pruned for the target (AOT compiles, memoized), so that the report
     tells how many candidates the target's shared memory rules out. ValueError when the family does not run on
     the target.
@@ -196,7 +192,7 @@ def tune(
         if bench is None:
             if survey:
                 feasible_candidates(kernel, bucket, target, report, variant=v)
-            cfg, shared = _offline_pick(v, kernel, bucket, target)
+            cfg, shared = _offline_pick(v, kernel, bucket, target, shape)
             results[key] = Entry(cfg, shared, None, triton.__version__)
             resident = target.programs_by_shared(shared)
             say(f"{key}: {cfg.label} ({shared} B, {resident} programs an SM by shared memory, not measured)")
@@ -229,11 +225,14 @@ def tune(
     return results, report
 
 
-def _offline_pick(v: KernelVariant, kernel: str, bucket: Bucket, target: GpuTarget) -> tuple[GemmConfig, int]:
+def _offline_pick(
+    v: KernelVariant, kernel: str, bucket: Bucket, target: GpuTarget, shape: MoeShape
+) -> tuple[GemmConfig, int]:
     """(config, shared bytes) for a target whose GPU is not at hand: the heuristic's tile where it fits, else the
-    fitting candidate nearest to it; with fewer stages (down to 2) where that keeps ``OFFLINE_RESIDENT`` programs
-    resident per SM by shared memory and the heuristic's stage count does not (on an RTX PRO 6000 the 3-stage
-    16x64x256 gemm1 takes 53248 B: one program an SM; 2 stages, 26624 B: three)."""
+    fitting candidate nearest to it; where that holds fewer programs an SM by shared memory than the family's
+    ``resident_aim`` for the GEMM, the most stages (down to 2) that hold more, up to the aim. On an RTX PRO 6000 the
+    3-stage 16x64x256 gemm1 takes 53248 B, one program an SM where a split decode step aims for two: 2 stages, 26624
+    B, hold three."""
     want = getattr(v.heuristic(bucket), kernel)
     for cfg in sorted({want, *v.search_space(bucket)}, key=lambda c: (_distance(c, want), c.label)):
         shared = v.fits(kernel, cfg, target)
@@ -241,8 +240,9 @@ def _offline_pick(v: KernelVariant, kernel: str, bucket: Bucket, target: GpuTarg
             break
     else:
         raise RuntimeError(f"no {v.title} config of {kernel} fits {target.name} ({target.shared_per_block} B)")
+    aim = v.resident_aim(kernel, cfg, shape, bucket) if v.resident_aim else 0
     for stages in range(cfg.num_stages - 1, 1, -1):
-        if target.programs_by_shared(shared) >= OFFLINE_RESIDENT:
+        if target.programs_by_shared(shared) >= aim:
             break
         fewer = dataclasses.replace(cfg, num_stages=stages)
         fewer_shared = v.fits(kernel, fewer, target)

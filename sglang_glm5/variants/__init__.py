@@ -54,6 +54,9 @@ class KernelVariant:
     # kernels' forms that run on sm_{arch}), for the tuner to time
     split_candidates: Callable[..., list[GemmConfig]] | None = None
     step_split_targets: tuple[int, ...] = ()  # the split targets ``tune --splits-only`` tries at a decode step
+    # (kernel, tile, layer shape, bucket) -> programs an SM the family's launch sizes that GEMM's grid for, which a
+    # tile picked without timing should hold resident by shared memory (0: no aim)
+    resident_aim: Callable[..., int] | None = None
     kernel_bencher: str = ""  # "module:function" (shape, seed) -> tuner.Bench, on the local GPU
     after_tune: str = ""  # "module:function" run by `tune` after the tiles are stored (W4A4: its threshold)
     selfcheck: str = ""  # "module:function" (argparse args) -> exit code, for `selfcheck --path NAME`

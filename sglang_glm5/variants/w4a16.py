@@ -314,6 +314,7 @@ VARIANT = KernelVariant(
     compiled_shared_bytes=w4a16_tiles.compiled_shared_bytes_many,
     check_config=w4a16_tiles.check_config,
     split_candidates=w4a16_plan.split_candidates,
+    resident_aim=w4a16_plan.resident_aim,
     step_split_targets=w4a16_plan.STEP_SPLIT_TRIALS,
     kernel_bencher="sglang_glm5.bench:kernel_bencher",
     selfcheck="sglang_glm5.cli:selfcheck_command",

@@ -87,6 +87,9 @@ STREAM_TRIALS = (2, 3)
 # Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); above it the tuner times the leading Triton gemm1 tile in
 # Gluon instead (``w4a16_gluon.prefill_forms``, run 34).
 GLUON_MAX_BUCKET = 8
+# Up to this many tokens per expert (GLM-5 decode, B <= 256), where the GEMMs stream their weights, an offline pick
+# keeps resident by shared memory the programs an SM each GEMM's grid is sized for (``resident_aim``).
+RESIDENT_AIM_MAX_BUCKET = 8
 
 
 @functools.cache
@@ -310,6 +313,18 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     per program was 1-9% faster than several.
     """
     return max(1, 8 // triton.cdiv(inter, cfg.block_k))
+
+
+def resident_aim(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket) -> int:
+    """Programs an SM the launch plan sizes a decode GEMM's grid for, which a tile picked without timing it should
+    hold resident by shared memory (``tuner``'s offline pick): gemm2 walking several N tiles a program (I in a few K
+    steps: GLM-5 TP8) ``MULTI_TILE_PROGRAMS_PER_SM``, else a split step's ``PROGRAMS_PER_SM``; 0 (no aim) above
+    ``RESIDENT_AIM_MAX_BUCKET`` tokens per expert."""
+    if bucket > RESIDENT_AIM_MAX_BUCKET:
+        return 0
+    if kernel == "gemm2" and gemm2_tiles_per_program(shape.inter, cfg) > 1:
+        return MULTI_TILE_PROGRAMS_PER_SM
+    return PROGRAMS_PER_SM
 
 
 def halves(cfg: GemmConfig, per_program: int) -> bool:

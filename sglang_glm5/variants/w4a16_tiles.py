@@ -45,7 +45,7 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
     the H200 and the H100, and the whole op at GLM-5 B = 32-256 with 16 x 64 x 256 (3 stages) in both GEMMs took
     0.73-0.91x its time with 16 x 64 x 128 on the H200 at real routing (2 stages: 0.83-0.98x; bench/README.md, run 46).
     On an SM120 the 3-stage gemm1 tile holds one program an SM by shared memory (100 KB an SM), so an offline pick
-    (``tuner.OFFLINE_RESIDENT``) and the shipped rtx-pro-6000 entries take the 2-stage one there. Above that, from a
+    (``w4a16_plan.resident_aim``) and the shipped rtx-pro-6000 entries take the 2-stage one there. Above that, from a
     sweep of 24-34 configs per size on one H200 (bench/h200/sweep_r2.log, balanced routing, earlier kernels): block_k
     128 with 3 stages, at 256 and 2048 tokens per expert 64 x 128 x 64. Larger tiles that won at m=64 (64 x 128 x
     256) are left to the tuner: they do not fit SM120's 101376 B. Every config here does (compiled ahead of time for
