@@ -3,8 +3,8 @@ decode launches them (unsplit, a program per block, block axis last, ready count
 
 Printed per GEMM, tile and architecture: registers, stack (spills), shared memory, the programs an SM holds by shared
 memory (228 KB an SM on sm_90, 100 KB on sm_120, 1 KB reserved a program) and by registers, the K loop's SASS
-instructions and those a weight (a warp's loop instructions times the warps, over the tile's weights a K step): on
-both GPUs the decode GEMMs are bound by instruction issue (docs/decode.md). Compiles only: nothing here ran on an SM120.
+instructions and those a weight (a warp's loop instructions times the warps, over the weights a K step reads: gemm1's
+gate and up rows, 2 x block_n x block_k; gemm2's block_n x block_k). Compiles only: nothing here ran on an SM120.
 Usage: python bench/exp/aot_busy_tiles.py [OUT_DIR]
 """
 
@@ -30,6 +30,7 @@ FORMS = {
 }
 SHARED_PER_SM = {90: 228 * 1024, 120: 100 * 1024}
 REGISTERS_PER_SM = 65536
+ROWS = {"gemm1": 2, "gemm2": 1}  # weight rows a K step reads per row of the tile's block_n (gemm1: gate and up)
 
 
 def probe(kernel: str, label: str, arch: int, folder: Path) -> dict:
@@ -47,7 +48,8 @@ def probe(kernel: str, label: str, arch: int, folder: Path) -> dict:
         "kernel": kernel, "tile": label, "arch": arch, "registers": regs, "stack": stack, "shared": shared,
         "programs_by_shared": SHARED_PER_SM[arch] // (shared + 1024),
         "programs_by_registers": REGISTERS_PER_SM // (regs * threads),
-        "k_loop": len(body), "per_weight": round(len(body) * cfg.num_warps / (cfg.block_n * cfg.block_k), 3),
+        "k_loop": len(body),
+        "per_weight": round(len(body) * cfg.num_warps / (ROWS[kernel] * cfg.block_n * cfg.block_k), 4),
         "mma": sum(bool(re.search(r"\bH?G?MMA", b)) for b in body),
     }  # fmt: skip
 
