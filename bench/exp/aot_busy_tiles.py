@@ -4,7 +4,9 @@ decode launches them (unsplit, a program per block, block axis last, ready count
 Printed per GEMM, tile and architecture: registers, stack (spills), shared memory, the programs an SM holds by shared
 memory (228 KB an SM on sm_90, 100 KB on sm_120, 1 KB reserved a program) and by registers, the K loop's SASS
 instructions and those a weight (a warp's loop instructions times the warps, over the weights a K step reads: gemm1's
-gate and up rows, 2 x block_n x block_k; gemm2's block_n x block_k). Compiles only: nothing here ran on an SM120.
+gate and up rows, 2 x block_n x block_k; gemm2's block_n x block_k): the K step's instruction stream barely outruns
+the H200's DRAM (run 43 measured it alone at about 1.1x the copy bandwidth, bench/README.md), so fewer of them a weight
+is what a tile can buy there. Compiles only: nothing here ran on an SM120.
 Usage: python bench/exp/aot_busy_tiles.py [OUT_DIR]
 """
 
