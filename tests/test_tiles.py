@@ -101,11 +101,17 @@ def _shipped(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _gemm_of(key: str) -> tuple[str, tuple[int, ...]]:
+    """("gemm1", (E, N, K)) of a cache key "...|gemm1.r3|E=32,N=4096,K=6144|m=1"."""
+    fields = key.split("|")
+    return fields[2].split(".")[0], tuple(int(v.split("=")[1]) for v in fields[3].split(","))
+
+
 def test_every_shipped_sm120_entry_compiles_within_101376_bytes(fresh_cache):
     data = _shipped("rtx-pro-6000")
     assert data["_metadata"]["arch"] == 120 and data["entries"]
     target = TARGETS["rtx-pro-6000"]
-    kernels = {key: key.split("|")[2].split(".")[0] for key in data["entries"]}  # "gemm1.r2" -> "gemm1"
+    kernels = {key: _gemm_of(key)[0] for key in data["entries"]}
     assert all(key.split("|")[2].endswith(f".r{w4a16.KERNEL_REVISION}") for key in data["entries"]), "stale entries"
     items = sorted({(kernels[key], GemmConfig(**e["config"])) for key, e in data["entries"].items()}, key=str)
     seen = dict(zip(items, w4a16_tiles.compiled_shared_bytes_many(items, target), strict=True))
@@ -136,20 +142,13 @@ def test_the_shipped_sm120_entries_are_what_the_offline_tune_writes():
         assert (entry.config, entry.shared_bytes) == (GemmConfig(**shipped["config"]), shipped["shared_bytes"]), key
 
 
-def _gemm_of(key: str) -> tuple[str, tuple[int, ...]]:
-    """("gemm1", (E, N, K)) of a cache key "...|gemm1.r3|E=32,N=4096,K=6144|m=1"."""
-    fields = key.split("|")
-    return fields[2].split(".")[0], tuple(int(v.split("=")[1]) for v in fields[3].split(","))
-
-
 @pytest.mark.parametrize("name", ["h200", "rtx-pro-6000"])
 def test_every_shipped_entry_is_one_its_gemm_can_run(name):
     # The rules a lookup applies with the GEMM's shape (w4a16_tiles.check_config: block_k, and a one-K-step gemm2 tile
     # only where K fits its one step and N makes several tiles): no shipped entry is one a lookup would pass over.
     data = _shipped(name)
     for key, entry in data["entries"].items():
-        kernel = key.split("|")[2].split(".")[0]
-        enk = tuple(int(v.split("=")[1]) for v in key.split("|")[3].split(","))  # "E=256,N=6144,K=256"
+        kernel, enk = _gemm_of(key)
         w4a16_tiles.check_config(GemmConfig(**entry["config"]), kernel, enk)
     assert any(e["config"].get("one_k_step") for e in _shipped("h200")["entries"].values())
 

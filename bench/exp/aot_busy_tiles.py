@@ -22,6 +22,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 
 from aot_load_forms import BIN, k_loop  # noqa: E402
 
+from sglang_glm5.hardware import resolve  # noqa: E402
 from sglang_glm5.tiles import GemmConfig  # noqa: E402
 from sglang_glm5.variants import w4a16_tiles  # noqa: E402
 
@@ -30,7 +31,6 @@ FORMS = {
     "gemm1": {"SPLITS": 1, "BLOCK_LOOP": False, "READY": True, "BLOCKS_LAST": True},
     "gemm2": {"MULTI_TILE": False, "SPLITS": 1, "BLOCK_LOOP": False, "READY": True, "BLOCKS_LAST": True},
 }
-SHARED_PER_SM = {90: 228 * 1024, 120: 100 * 1024}
 REGISTERS_PER_SM = 65536
 ROWS = {"gemm1": 2, "gemm2": 1}  # weight rows a K step reads per row of the tile's block_n (gemm1: gate and up)
 
@@ -48,7 +48,7 @@ def probe(kernel: str, label: str, arch: int, folder: Path) -> dict:
     threads = 32 * cfg.num_warps
     return {
         "kernel": kernel, "tile": label, "arch": arch, "registers": regs, "stack": stack, "shared": shared,
-        "programs_by_shared": SHARED_PER_SM[arch] // (shared + 1024),
+        "programs_by_shared": resolve(f"sm{arch}").programs_by_shared(shared),
         "programs_by_registers": REGISTERS_PER_SM // (regs * threads),
         "k_loop": len(body),
         "per_weight": round(len(body) * cfg.num_warps / (ROWS[kernel] * cfg.block_n * cfg.block_k), 4),
