@@ -17,6 +17,9 @@ Each timed graph runs ``ROUTINGS`` different routings (fresh logits) over ``COPI
 layer in turn, so that the weights a step touches are not already in L2 from the step before (in a
 model every layer has its own weights). Times are per call: the graph's median over the routings.
 
+Eager sizes time the op and bf16 in turn, ``rounds`` times, and report the medians: bf16's eager time at B = 8192
+moves 6-11% between calls of the same process, so one timing of each can put the ratio on either side of a line.
+
 This module needs only torch, triton, ``nvfp4_fused_moe``, ``testing.random_layer`` and ``nvfp4.dequantize``,
 so that ``bench/exp`` can run it against an older revision of the op in the same session.
 """
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +43,7 @@ ROUTINGS = 16  # routings per timed graph
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCHES = (2048, 8192)
 GRAPH_MAX_B = 256
+ROUNDS = 7  # eager sizes: the op and bf16 timed in turn this many times (medians reported)
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ class Row:
     ms_floor: float
     graph: bool
     rel_err_vs_bf16: float
+    rounds: int = 1  # timings of each, in turn with the other (eager sizes); the ms are their medians
+    bf16_over_ours_rounds: list[float] = field(default_factory=list)  # per round, where rounds > 1
 
 
 def _time(fn, graph: bool, calls: int) -> float:
@@ -160,8 +168,28 @@ def _time(fn, graph: bool, calls: int) -> float:
     return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median") / calls
 
 
+def time_in_turn(fns: dict[str, Callable[[], object]], rounds: int, timer: Callable) -> dict[str, list[float]]:
+    """Each of ``fns`` timed by ``timer(fn)`` (ms), one after the other, ``rounds`` times over: {name: [ms per round]}.
+    Drift of the machine between rounds (clocks, other tenants) then reaches every function alike."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(timer(fn))
+    return times
+
+
 def run(
-    layout: Layout, batches, seed: int, *, skew: float = 0.0, copies: int = 2, baselines: bool = True, op_kwargs=None
+    layout: Layout,
+    batches,
+    seed: int,
+    *,
+    skew: float = 0.0,
+    copies: int = 2,
+    baselines: bool = True,
+    op_kwargs=None,
+    rounds: int = ROUNDS,
 ) -> list[Row]:
     from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
@@ -188,11 +216,12 @@ def run(
             for i, (x, weights, ids) in enumerate(inputs):
                 fused_moe(x, bundles[i % copies], weights, ids, **kwargs)
 
-        ms_ours = _time(ours, graph, n)
+        in_turn = baselines and not graph and rounds > 1
+        ms_ours = None if in_turn else _time(ours, graph, n)
         touched = [int(torch.unique(ids[ids >= 0]).numel()) for _, _, ids in inputs]
         slots = [int((ids >= 0).sum()) for _, _, ids in inputs]
         floor = sum(touched) / n * layout.expert_bytes / bw * 1e3
-        ms_bf16, err = None, float("nan")
+        ms_bf16, err, per_round = None, float("nan"), []
         if baselines:
             sorted_inputs = [(*sorted_slots(x, ids, layout.num_experts), weights) for x, weights, ids in inputs]
 
@@ -200,7 +229,12 @@ def run(
                 for xs, offs, _, _ in sorted_inputs:
                     grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter)
 
-            ms_bf16 = _time(bf16, graph, n)
+            if in_turn:
+                times = time_in_turn({"ours": ours, "bf16": bf16}, rounds, lambda fn, n=n: _time(fn, False, n))
+                ms_ours, ms_bf16 = (statistics.median(times[k]) for k in ("ours", "bf16"))
+                per_round = [b / o for o, b in zip(times["ours"], times["bf16"], strict=True)]
+            else:
+                ms_bf16 = _time(bf16, graph, n)
             # The op on layer copy 0 against the bf16 path on the same weights.
             x, weights, ids = inputs[0]
             xs, offs, order, _ = sorted_inputs[0]
@@ -209,9 +243,8 @@ def run(
             err = (
                 ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item() if ref.norm() > 0 else float(got.abs().max())
             )
-        rows.append(
-            Row(layout.name, skew, batch, sum(slots) / n, sum(touched) / n, ms_ours, ms_bf16, floor, graph, err)
-        )
+        timings = (ms_ours, ms_bf16, floor, graph, err, rounds if in_turn else 1, per_round)
+        rows.append(Row(layout.name, skew, batch, sum(slots) / n, sum(touched) / n, *timings))
         print(fmt(rows[-1]), flush=True)
     return rows
 
@@ -225,10 +258,13 @@ HEADER = (
 def fmt(r: Row) -> str:
     bf16 = "-" if r.ms_bf16 is None else f"{r.ms_bf16:.4f}"
     ratio = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_ours:.2f}x"
+    if r.bf16_over_ours_rounds:
+        ratio += f" ({min(r.bf16_over_ours_rounds):.2f}-{max(r.bf16_over_ours_rounds):.2f})"
+    timed = "graph" if r.graph else "eager" if r.rounds == 1 else f"eager, {r.rounds} rounds in turn"
     return (
         f"| {r.layout} | {r.skew:g} | {r.batch} | {r.local_slots:.1f} | {r.active_experts:.1f} | {r.ms_ours:.4f} "
         f"| {bf16} | {r.ms_floor:.4f} | {r.ms_floor / r.ms_ours:.0%} | {ratio} | {r.rel_err_vs_bf16:.1e} "
-        f"| {'graph' if r.graph else 'eager'} |"
+        f"| {timed} |"
     )
 
 
@@ -251,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skew", type=float, nargs="+", default=[0.0], help="per-expert logit bias spread (0 = uniform)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="eager sizes: the op and bf16 timed in turn N times")
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batch.split(",")]
@@ -258,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.layout:
         for skew in args.skew:
             print(f"{name}, skew {skew}\n{HEADER}", flush=True)
-            rows += run(LAYOUTS[name], batches, args.seed, skew=skew, baselines=not args.no_baselines)
+            rows += run(
+                LAYOUTS[name], batches, args.seed, skew=skew, baselines=not args.no_baselines, rounds=args.rounds
+            )
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
     return 0

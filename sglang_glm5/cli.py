@@ -126,7 +126,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 print(f"bench: {name}, real routing, skew {skew}, seed {seed}\n{bench_real.HEADER}", flush=True)
                 layout = bench_real.LAYOUTS[bench_real.SHAPE_LAYOUTS[name]]
                 rows += bench_real.run(layout, args.batch, seed, skew=skew, baselines=not args.no_baselines,
-                                       op_kwargs=path_kwargs)  # fmt: skip
+                                       op_kwargs=path_kwargs, rounds=args.rounds)  # fmt: skip
         md = bench_real.write_results(Path(args.out), args.name, rows, bench.environment())
         print(f"bench: wrote {md} and {md.with_suffix('.json')}")
         return 0
@@ -262,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int_list, default=list(REAL_BATCHES), help="real routing: tokens per step B")
     p.add_argument("--skew", type=float, nargs="+", default=[0.0, 1.0],
                    help="real routing: spread of a fixed per-expert logit bias (0 = uniform; default 0 1)")  # fmt: skip
+    p.add_argument("--rounds", type=positive(int), default=7,
+                   help="real routing, eager sizes (B > 256): time the op and bf16 in turn N times and report the "
+                   "medians, with the range of bf16 / ours over the rounds (default 7)")  # fmt: skip
     p.add_argument("--m", type=int_list, default=list(DEFAULT_M), help="balanced routing: tokens per expert")
     p.add_argument("--out", default="bench", help="output folder (bench)")
     p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
