@@ -25,7 +25,20 @@ from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
 
 PERMUTE_T, PERMUTE_K = 16, 256  # the activation layout's tile: rows x columns per program
+# From 32 rows to 256 (GLM-5 B = 32-256, where every expert of a rank is busy) the activation layout's programs take
+# PERMUTE_T_BUSY rows each: a quarter of the programs behind the routing launch's E + 1 sorting ones. H100, GLM-5 at
+# real routing, seed 43, the same bits (bench/README.md, run 47): the op 0.978x / 0.979x its time at B = 256 (EP8 /
+# TP8), 0.991x / 0.987x at 128, 1.001x / 0.989x at 64, 1.001x / 0.992x at 32; at B = 8 (which keeps 16) 1.000x / 0.996x.
+# Fewer rows and chunked-prefill sizes keep PERMUTE_T (not measured with 64).
+PERMUTE_T_BUSY = 64
+PERMUTE_BUSY_ROWS = (32, 256)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def permute_rows(num_rows: int) -> int:
+    """Rows of the activation layout's tile for T = ``num_rows`` tokens: ``PERMUTE_T_BUSY`` in ``PERMUTE_BUSY_ROWS``."""
+    low, high = PERMUTE_BUSY_ROWS
+    return PERMUTE_T_BUSY if low <= num_rows <= high else PERMUTE_T
 
 
 def interpreting() -> bool:
@@ -140,7 +153,7 @@ CHUNKED_ROUTE_PAIRS = 8192
 ROUTE_CHUNK = 2048  # pairs a program of the chunked routing
 
 
-def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: int, wgmma: bool) -> None:
+def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: int, wgmma: bool, rows: int) -> None:
     """The routing into ``route``'s tensors as two launches over chunks of ``ROUTE_CHUNK`` pairs: the first counts
     each chunk's pairs per expert (and lays out the activations x into xp in ``tiles`` programs, zeroes ``zero``), the
     second adds the counts up and places each chunk's pairs where the one-launch sort would (the same outputs). Its
@@ -154,7 +167,7 @@ def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: i
     _k.route_count_kernel[(chunks + tiles,)](
         ids, counts, used_blocks if zero is None else zero, x, xp, num_pairs, num_experts,
         0 if zero is None else zero.numel(), *(x.shape if tiles else (0, 0)), x.stride(0), xp.stride(0),
-        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=tiles > 0, PERMUTE_T=PERMUTE_T, PERMUTE_K=PERMUTE_K,
+        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=tiles > 0, PERMUTE_T=rows, PERMUTE_K=PERMUTE_K,
         WGMMA=wgmma, num_warps=8,
     )  # fmt: skip
     _k.route_place_kernel[(chunks + num_experts + 1,)](
@@ -201,9 +214,10 @@ def route_pairs(
     route = Route(sorted_ids, block_expert, used_blocks)
     x, xp = permute if permute is not None else (used_blocks, used_blocks)
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
-    tiles = triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(x_cols, PERMUTE_K)
+    rows = permute_rows(num_rows)
+    tiles = triton.cdiv(num_rows, rows) * triton.cdiv(x_cols, PERMUTE_K)
     if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl:
-        route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols))
+        route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows)
         return route
     block, warps = route_block(num_pairs, num_experts)
     routers = 1 if each_pair else num_experts + 1
@@ -227,7 +241,7 @@ def route_pairs(
         E_PAD=max(16, triton.next_power_of_2(num_blocks if each_pair else num_experts)),
         BLOCK=block,
         PERMUTE=permute is not None,
-        PERMUTE_T=PERMUTE_T,
+        PERMUTE_T=rows,
         PERMUTE_K=PERMUTE_K,
         PDL=pdl,
         WGMMA=_wgmma_order(layout, x_cols),
@@ -270,9 +284,10 @@ def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Te
     num_rows, k = x.shape
     wgmma = _wgmma_order(layout, k)
     xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
-    _k.prepare_activations_kernel[(triton.cdiv(num_rows, PERMUTE_T) * triton.cdiv(k, PERMUTE_K),)](
+    rows = permute_rows(num_rows)
+    _k.prepare_activations_kernel[(triton.cdiv(num_rows, rows) * triton.cdiv(k, PERMUTE_K),)](
         x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
-        BLOCK_T=PERMUTE_T, BLOCK_K=PERMUTE_K, WGMMA=wgmma,
+        BLOCK_T=rows, BLOCK_K=PERMUTE_K, WGMMA=wgmma,
     )  # fmt: skip
     return xp
 

@@ -161,9 +161,11 @@ def test_the_chunked_routing_matches_the_one_launch_sort(num_tokens, top_k, num_
     assert torch.equal(outs[1][0].cpu(), ref[0]) and torch.equal(outs[1][1].cpu(), ref[1])
 
 
-# (tokens, hidden, weight layout): 37 rows, a partial tile; 288 / 320 columns, a masked K tile
+# (tokens, hidden, weight layout): 37 rows, a partial tile; 288 / 320 columns, a masked K tile; 100 rows, busy decode's
+# tiles of 64 rows (routing.permute_rows), the second partial
 @pytest.mark.parametrize("num_tokens,hidden,layout", [
     (1, 256, "kernel"), (37, 288, "checkpoint"), (0, 64, "kernel"), (37, 320, "kernel_wgmma"), (2, 64, "kernel_wgmma"),
+    (100, 128, "kernel_wgmma"),
 ])  # fmt: skip
 def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, layout, gen, device):
     # The op has the routing launch also write x in the GEMMs' K order (one launch fewer at decode): the

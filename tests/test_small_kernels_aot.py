@@ -10,15 +10,21 @@ with and without split partials and a row map), on the CPU, in the ahead-of-time
 from sglang_glm5 import routing
 from sglang_glm5.aot import run_jobs
 
-# (consts, warps): decode steps (16 ids a step, 4 warps) and a prefill step's wide walk over the ids (route_block)
+# (consts, warps): decode steps (16 ids a step, 4 warps), a busy decode step (GLM-5 B = 256: 2048 ids, the activation
+# layout in tiles of PERMUTE_T_BUSY rows) and a prefill step's wide walk over the ids (route_block)
 WIDE_BLOCK, WIDE_WARPS = routing.route_block(routing.WIDE_ROUTE_PAIRS, 32)
+BUSY_BLOCK, BUSY_WARPS = routing.route_block(2048, 32)
+BUSY_ROWS = routing.permute_rows(256)
 ALIGN = [
-    ({"BLOCK_M": block_m, "E_PAD": e_pad, "BLOCK": block, "PERMUTE": permute, "PERMUTE_T": routing.PERMUTE_T,
+    ({"BLOCK_M": block_m, "E_PAD": e_pad, "BLOCK": block, "PERMUTE": permute, "PERMUTE_T": rows,
       "PERMUTE_K": routing.PERMUTE_K, "PDL": True, "WGMMA": wgmma, "EACH_PAIR": each_pair}, warps)
-    for each_pair, permute, wgmma, e_pad, block_m, block, warps in [
-        (False, True, False, 256, 16, 16, 4), (True, True, False, 16, 16, 16, 4), (True, True, True, 16, 16, 16, 4),
-        (False, False, False, 32, 16, 16, 4), (True, False, False, 16, 16, 16, 4),
-        (False, True, True, 32, 128, WIDE_BLOCK, WIDE_WARPS),
+    for each_pair, permute, wgmma, e_pad, block_m, block, warps, rows in [
+        (False, True, False, 256, 16, 16, 4, routing.PERMUTE_T), (True, True, False, 16, 16, 16, 4, routing.PERMUTE_T),
+        (True, True, True, 16, 16, 16, 4, routing.PERMUTE_T), (False, False, False, 32, 16, 16, 4, routing.PERMUTE_T),
+        (True, False, False, 16, 16, 16, 4, routing.PERMUTE_T),
+        (False, True, True, 32, 16, BUSY_BLOCK, BUSY_WARPS, BUSY_ROWS),
+        (False, True, False, 256, 16, BUSY_BLOCK, BUSY_WARPS, BUSY_ROWS),
+        (False, True, True, 32, 128, WIDE_BLOCK, WIDE_WARPS, routing.PERMUTE_T),
     ]
 ]  # fmt: skip
 # the chunked routing (prefill sizes): its two launches as route_chunked makes them, GLM-5's 32 and 256 experts

@@ -32,12 +32,13 @@ def main(out: Path) -> None:
         routes = {}
 
         def precomputed(
-            topk_ids, num_experts, block_m, zero=None, permute=None, *, pdl=False, layout="checkpoint", memset=False,
-            routes=routes,
+            topk_ids, num_experts, block_m, zero=None, permute=None, *, pdl=False, layout="checkpoint",
+            each_pair=False, memset=False, routes=routes,
         ):  # fmt: skip
             key = (topk_ids.data_ptr(), block_m)
             if key not in routes:
-                routes[key] = SHIPPED(topk_ids, num_experts, block_m, zero=zero, permute=permute, layout=layout)
+                routes[key] = SHIPPED(topk_ids, num_experts, block_m, zero=zero, permute=permute, layout=layout,
+                                       each_pair=each_pair)  # fmt: skip
             if memset and zero is not None:
                 zero.zero_()
             return routes[key]
