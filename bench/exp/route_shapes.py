@@ -25,11 +25,12 @@ BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "8,32,64,128,256")
 SHIPPED = routing.route_block
 
 
-def block_rule(most: int, warps: int):
-    """``route_block`` with steps of up to ``most`` ids on ``warps`` warps below the wide routing's sizes."""
+def block_rule(most: int, warps: int, from_pairs: int = 0):
+    """``route_block`` with steps of up to ``most`` ids on ``warps`` warps from ``from_pairs`` pairs up to the wide
+    routing's sizes (the shipped rule elsewhere)."""
 
     def rule(num_pairs: int, num_experts: int) -> tuple[int, int]:
-        if num_pairs >= routing.WIDE_ROUTE_PAIRS:
+        if num_pairs >= routing.WIDE_ROUTE_PAIRS or num_pairs < from_pairs:
             return SHIPPED(num_pairs, num_experts)
         return max(16, min(most, triton.next_power_of_2(num_pairs))), warps
 
@@ -43,6 +44,8 @@ SETTINGS = {
     "b2048w8": {"route_block": block_rule(2048, 8)},
     "b256": {"route_block": block_rule(256, 4)},
     "tiles64": {"PERMUTE_T": 64},
+    # added after run 47 (not run yet): 8 warps from 1024 pairs (GLM-5 B >= 128, where "w8" gained), with 64-row tiles
+    "w8-busy": {"route_block": block_rule(1024, 8, from_pairs=1024)},
 }
 
 if __name__ == "__main__":
