@@ -3,7 +3,7 @@
 GLM-5 sends each token to 8 of 256 experts (top-8 of a softmax over router logits). Under 8-way
 expert parallelism (EP8) rank 0 holds experts 0-31 and sees the other slots as -1; under 8-way tensor
 parallelism (TP8) every expert is local with I = 256. With B tokens in a step, a rank under EP8 gets
-about B / 4 local slots over min(32, B / 4) experts: at B = 1-16 only 1-4 experts are active.
+about B local slots (an eighth of 8 B) over about 32 (1 - e^(-B / 32)) experts: at B = 1-4 only 1-4 are active.
 
 For each B this times, replayed from a CUDA graph (how SGLang runs decode; eager for prefill sizes):
 
@@ -17,8 +17,9 @@ Each timed graph runs ``ROUTINGS`` different routings (fresh logits) over ``COPI
 layer in turn, so that the weights a step touches are not already in L2 from the step before (in a
 model every layer has its own weights). Times are per call: the graph's median over the routings.
 
-Eager sizes time the op and bf16 in turn, ``rounds`` times, and report the medians: bf16's eager time at B = 8192
-moves 6-11% between calls of the same process, so one timing of each can put the ratio on either side of a line.
+With baselines, eager sizes time the op and bf16 in turn, ``rounds`` times, and report the medians: bf16's eager
+time at B = 8192 moves 6-11% between calls of the same process, so one timing of each can put the ratio on either
+side of a line.
 
 This module needs only torch, triton, ``nvfp4_fused_moe``, ``testing.random_layer`` and ``nvfp4.dequantize``,
 so that ``bench/exp`` can run it against an older revision of the op in the same session.
@@ -194,6 +195,8 @@ def run(
     from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()

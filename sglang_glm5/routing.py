@@ -26,10 +26,10 @@ from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
 
 PERMUTE_T, PERMUTE_K = 16, 256  # the activation layout's tile: rows x columns per program
 # From 32 rows to 256 (GLM-5 B = 32-256, where every expert of a rank is busy) the activation layout's programs take
-# PERMUTE_T_BUSY rows each: a quarter of the programs behind the routing launch's E + 1 sorting ones. H100, GLM-5 at
-# real routing, seed 43, the same bits (bench/README.md, run 47): the op 0.978x / 0.979x its time at B = 256 (EP8 /
-# TP8), 0.991x / 0.987x at 128, 1.001x / 0.989x at 64, 1.001x / 0.992x at 32; at B = 8 (which keeps 16) 1.000x / 0.996x.
-# Fewer rows and chunked-prefill sizes keep PERMUTE_T (not measured with 64).
+# PERMUTE_T_BUSY rows each: a quarter as many programs behind the routing launch's E + 1 sorting ones (T a multiple of
+# 64). H100, GLM-5 at real routing, seed 43, the same bits (bench/README.md, run 47): the op 0.978x / 0.979x its time at
+# B = 256 (EP8 / TP8), 0.991x / 0.987x at 128, 1.001x / 0.989x at 64, 1.001x / 0.992x at 32. Fewer rows keep PERMUTE_T
+# (B = 8 with 64: 1.000x / 0.996x, no gain), and so do chunked-prefill sizes (not measured with 64).
 PERMUTE_T_BUSY = 64
 PERMUTE_BUSY_ROWS = (32, 256)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)

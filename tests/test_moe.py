@@ -137,7 +137,10 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
-@pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [(50, 8, 8, 16), (37, 4, 40, 32), (64, 8, 3, 64)])
+# (20, 8, 8, 16): under 32 tokens, the activation layout in tiles of 16 rows, as at chunked-prefill sizes
+@pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [
+    (50, 8, 8, 16), (37, 4, 40, 32), (64, 8, 3, 64), (20, 8, 8, 16),
+])  # fmt: skip
 def test_the_chunked_routing_matches_the_one_launch_sort(num_tokens, top_k, num_experts, block_m, gen, device,
                                                          monkeypatch):  # fmt: skip
     # Chunks of 64 pairs (the last partial; chunks with no pair of some experts, experts with none), activations laid
@@ -162,10 +165,11 @@ def test_the_chunked_routing_matches_the_one_launch_sort(num_tokens, top_k, num_
 
 
 # (tokens, hidden, weight layout): 37 rows, a partial tile; 288 / 320 columns, a masked K tile; 100 rows, busy decode's
-# tiles of 64 rows (routing.permute_rows), the second partial
+# tiles of 64 rows (routing.permute_rows), the second partial; 300 rows, past busy decode: 19 tiles of 16, the last
+# partial
 @pytest.mark.parametrize("num_tokens,hidden,layout", [
     (1, 256, "kernel"), (37, 288, "checkpoint"), (0, 64, "kernel"), (37, 320, "kernel_wgmma"), (2, 64, "kernel_wgmma"),
-    (100, 128, "kernel_wgmma"),
+    (100, 128, "kernel_wgmma"), (300, 64, "kernel"),
 ])  # fmt: skip
 def test_routing_launch_writes_the_activation_layout(num_tokens, hidden, layout, gen, device):
     # The op has the routing launch also write x in the GEMMs' K order (one launch fewer at decode): the

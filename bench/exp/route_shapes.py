@@ -3,12 +3,13 @@
 Run 47 (H100, ``no_route.py``): without the routing launch (routes computed before capture, activations not laid
 out) the op took 0.944x / 0.946x its time at GLM-5 B = 256 (EP8 / TP8), 0.97-0.98x at B = 64-128. Each of the E + 1
 routing programs walks all P ids twice in steps of ``routing.route_block``'s size (1024 ids on 4 warps up to 32768
-pairs), and 16 x 256 activation tiles follow them. Settings of the routing module, each against the shipped op on the
-same inputs (round-robin from CUDA graphs, per-kernel times, the bits compared): 8 warps; steps of up to 2048 ids; both;
-steps of up to 256 ids; activation tiles of 64 rows (``routing.PERMUTE_T`` for every launch: run 47 ran this at
-5710111, before ``routing.permute_rows``; since, the busy sizes take 64 rows by default and the setting changes the
-other sizes only). Run 47 (H100, seed 43, every output bit-identical): 64-row tiles 0.978-0.992x at B = 32-256 but EP8
-B = 32-64 (1.001x); 8 warps 0.982-0.985x at B = 256 but 1.017x at TP8 B = 8; steps of 256 ids 1.003-1.036x.
+pairs), and the activation layout's tiles follow them (16 x 256 at the tree run 47 ran). Settings of the routing
+module, each against the shipped op on the same inputs (round-robin from CUDA graphs, per-kernel times, the bits
+compared): 8 warps; steps of up to 2048 ids; both; steps of up to 256 ids; activation tiles of 64 rows
+(``routing.PERMUTE_T`` for every launch: run 47 ran this at 5710111, before ``routing.permute_rows``; since, the busy
+sizes take 64 rows by default and the setting changes the other sizes only). Run 47 (H100, seed 43, every output
+bit-identical): 64-row tiles 0.978-0.992x at B = 32-256 but EP8 B = 32-64 (1.001x); 8 warps 0.982-0.985x at B = 256
+but 1.017x at TP8 B = 8; steps of 256 ids 1.003-1.036x.
 Usage: python bench/exp/route_shapes.py OUT_DIR   (EXP_BATCHES, default 8,32,64,128,256; BENCH_SEED, default 43)
 """
 
