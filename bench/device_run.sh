@@ -25,7 +25,7 @@ rc=0
 if [[ $STEPS == *tests* ]]; then
   SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/test_moe.py tests/test_split_k.py \
     tests/test_nvfp4.py tests/test_prefill.py tests/test_weight_layout.py tests/test_gluon.py \
-    tests/test_ready_blocks.py 2>&1 \
+    tests/test_ready_blocks.py tests/test_two_chains.py 2>&1 \
     | tee "$OUT/pytest_cuda.log" | tail -15 || rc=1
 fi
 if [[ $STEPS == *selfcheck* ]]; then

@@ -100,6 +100,7 @@ def moe_align_kernel(
     xp_ptr,  # [T, H] out: x in the permuted K order (PERMUTE)
     num_pairs,
     num_experts,
+    first_expert,  # an id i is taken as expert i - first_expert (a group of experts routed on its own), else dropped
     num_blocks,
     num_zero,
     num_rows,  # T (PERMUTE)
@@ -130,27 +131,27 @@ def moe_align_kernel(
                                     PERMUTE_K, WGMMA)  # fmt: skip
         else:
             _route_each_pair(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                             num_experts, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+                             num_experts, first_expert, num_blocks, num_zero, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
     elif PERMUTE and e > num_experts:
         tile = e - num_experts - 1
         permute_activation_tile(x_ptr, xp_ptr, num_rows, x_cols, stride_xt, stride_pt, tile, PERMUTE_T, PERMUTE_K,
                                 WGMMA)  # fmt: skip
     else:
         _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                       num_experts, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+                       num_experts, first_expert, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _route_each_pair(
-    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, BLOCK_M: tl.constexpr, BLOCKS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, first_expert,
+    num_blocks, num_zero, BLOCK_M: tl.constexpr, BLOCKS_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``moe_align_kernel`` for a few pairs (num_blocks <= BLOCKS_PAD, a power of two): block r holds the r-th valid
     pair alone (pair order), blocks past the valid pairs get expert -1. Two pairs of one expert take two blocks, so
     no sort and no histogram: one program."""
     _zero_share(zero_ptr, num_zero, 0, 1, BLOCK)
     b = tl.arange(0, BLOCKS_PAD)
-    ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1)
+    ids = tl.load(topk_ids_ptr + b, mask=b < num_pairs, other=-1) - first_expert
     ok = (ids >= 0) & (ids < num_experts)
     rank = tl.cumsum(ok.to(tl.int32), axis=0) - 1  # the block of pair b, if valid
     used = tl.sum(ok.to(tl.int32), axis=0)
@@ -165,15 +166,15 @@ def _route_each_pair(
 
 @triton.jit
 def _route_program(
-    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, num_blocks,
-    num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, first_expert,
+    num_blocks, num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
     _zero_share(zero_ptr, num_zero, e, num_experts + 1, BLOCK)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, num_pairs, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1) - first_expert
         ok = (ids >= 0) & (ids < num_experts)
         counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
     offs_e = tl.arange(0, E_PAD)
@@ -186,7 +187,7 @@ def _route_program(
         placed = 0
         for start in range(0, num_pairs, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1)
+            ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1) - first_expert
             hit = (ids == e).to(tl.int32)
             rank = placed + tl.cumsum(hit, axis=0) - 1
             tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)

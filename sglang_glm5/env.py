@@ -132,6 +132,13 @@ PDL = Switch(
     "block's part; off = plain stream order",
     parse_bool,
 )  # fmt: skip
+TWO_CHAINS = Switch(
+    "SGLANG_GLM5_TWO_CHAINS", "bool", True,
+    "from 1/8 to 1/2 token per expert (GLM-5 B = 4-16) the W4A16 op runs as two chains, one per half of the local "
+    "experts, on two CUDA streams (each half's routing, gemm1 and gemm2 beside the other's; one top-k sum), where "
+    "gemm2 walks one N tile a program (GLM-5 EP8, not TP8); off = one chain",
+    parse_bool,
+)  # fmt: skip
 GLUON_GEMM1 = Switch(
     "SGLANG_GLM5_GLUON_GEMM1", "bool", True,
     "on sm_90 (H100 / H200) a W4A16 GEMM config marked Gluon (`-gl` in the cache, chosen by the tuner at decode "
@@ -179,8 +186,8 @@ def _integer(name: str, text: str) -> int | None:
 
 
 SWITCHES: tuple[Switch, ...] = (
-    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, PDL, GLUON_GEMM1, STOCK_CONFIGS, API_KEY,
-    TEST_DEVICE, SEED,
+    DISABLE, CACHE_DIR, MOE_PATH, DENSE_PREFILL_MIN_TOKENS, W4A4_MIN_TOKENS, PDL, TWO_CHAINS, GLUON_GEMM1,
+    STOCK_CONFIGS, API_KEY, TEST_DEVICE, SEED,
 )  # fmt: skip
 BY_NAME = {s.name: s for s in SWITCHES}
 

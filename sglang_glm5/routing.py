@@ -186,6 +186,7 @@ def route_pairs(
     pdl: bool = False,
     layout: str = "checkpoint",
     each_pair: bool = False,
+    first_expert: int = 0,
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch (two from
     ``CHUNKED_ROUTE_PAIRS`` pairs: ``route_chunked``).
@@ -202,6 +203,9 @@ def route_pairs(
     ``each_pair`` (at most E pairs): no sort, one routing program instead of E + 1; block r holds the r-th valid
     pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16_plan.EACH_PAIR_MAX_PAIRS``). The
     GEMMs compute each pair's row as they would in a shared block: the op's output does not change.
+
+    ``first_expert``: route the group of experts first_expert .. first_expert + E - 1 alone (id i is that group's
+    expert i - first_expert; every other id is dropped), in one launch whatever the pair count.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
@@ -216,7 +220,7 @@ def route_pairs(
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     rows = permute_rows(num_rows)
     tiles = triton.cdiv(num_rows, rows) * triton.cdiv(x_cols, PERMUTE_K)
-    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl:
+    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl and not first_expert:
         route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows)
         return route
     block, warps = route_block(num_pairs, num_experts)
@@ -231,6 +235,7 @@ def route_pairs(
         xp_ptr=xp,
         num_pairs=num_pairs,
         num_experts=num_experts,
+        first_expert=first_expert,
         num_blocks=num_blocks,
         num_zero=0 if zero is None else zero.numel(),
         num_rows=num_rows,

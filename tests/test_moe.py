@@ -9,7 +9,7 @@ import torch
 
 from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_moe_reference
-from sglang_glm5.routing import CHUNKED_ROUTE_PAIRS, align_pairs_by_expert
+from sglang_glm5.routing import CHUNKED_ROUTE_PAIRS, align_pairs_by_expert, route_pairs
 from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import w4a16
@@ -135,6 +135,23 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
     ours = align_pairs_by_expert(ids.to(device), num_experts, block_m)
     ref = align_pairs_by_expert_reference(ids, num_experts, block_m)
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
+
+
+# A group of experts routed alone (the op's two chains): ids of the group first .. first + E - 1 become 0 .. E - 1,
+# every other id is dropped; each pair (a few pairs, one program), the sort (many), past the chunked routing's size
+# (one launch: a group's routing never takes the chunked one).
+@pytest.mark.parametrize("num_tokens,top_k,experts,first,block_m,each_pair", [
+    (2, 8, 16, 16, 16, True), (2, 8, 16, 0, 16, True), (37, 8, 16, 16, 16, False), (41, 4, 5, 3, 32, False),
+    (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 16, 16, 16, False),
+])  # fmt: skip
+def test_a_group_of_experts_routes_as_its_own_ids(num_tokens, top_k, experts, first, block_m, each_pair, gen, device):
+    ids = torch.randint(-1, 2 * first + experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
+    route = route_pairs(ids.to(device), experts, block_m, each_pair=each_pair, first_expert=first)
+    mine = (ids >= first) & (ids < first + experts)
+    want = route_pairs(torch.where(mine, ids - first, -1).to(device), experts, block_m, each_pair=each_pair)
+    assert torch.equal(route.sorted_ids.cpu(), want.sorted_ids.cpu())
+    assert torch.equal(route.block_expert.cpu(), want.block_expert.cpu())
+    assert torch.equal(route.used_blocks.cpu(), want.used_blocks.cpu())
 
 
 # (20, 8, 8, 16): under 32 tokens, the activation layout in tiles of 16 rows, as at chunked-prefill sizes

@@ -10,7 +10,8 @@ compared): 8 warps; steps of up to 2048 ids; both; steps of up to 256 ids; activ
 sizes take 64 rows by default and the setting changes the other sizes only). Run 47 (H100, seed 43, every output
 bit-identical): 64-row tiles 0.978-0.992x at B = 32-256 but EP8 B = 32-64 (1.001x); 8 warps 0.982-0.985x at B = 256
 but 1.017x at TP8 B = 8; steps of 256 ids 1.003-1.036x.
-Usage: python bench/exp/route_shapes.py OUT_DIR   (EXP_BATCHES, default 8,32,64,128,256; BENCH_SEED, default 43)
+Usage: python bench/exp/route_shapes.py OUT_DIR   (EXP_BATCHES, default 8,32,64,128,256; BENCH_SEED, default 43;
+EXP_SETTINGS, default all)
 """
 
 import os
@@ -47,7 +48,13 @@ SETTINGS = {
     "tiles64": {"PERMUTE_T": 64},
     # added after run 47 (not run yet): 8 warps from 1024 pairs (GLM-5 B >= 128, where "w8" gained), with 64-row tiles
     "w8-busy": {"route_block": block_rule(1024, 8, from_pairs=1024)},
+    # added for run 48: 2048-id steps on 16 warps from 1024 pairs (one step walks all of B = 256's ids)
+    "w16-busy": {"route_block": block_rule(2048, 16, from_pairs=1024)},
 }
+# EXP_SETTINGS: the settings to time (comma-separated; "head" always runs first)
+WANTED = os.environ.get("EXP_SETTINGS")
+if WANTED:
+    SETTINGS = {name: SETTINGS[name] for name in ["head", *(w for w in WANTED.split(",") if w != "head")]}
 
 if __name__ == "__main__":
     seed = int(os.environ.get("BENCH_SEED", "43"))

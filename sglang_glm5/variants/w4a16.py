@@ -15,6 +15,8 @@ The family in three modules:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from fractions import Fraction
 
 import torch
@@ -24,7 +26,15 @@ from sglang_glm5 import autotune
 from sglang_glm5.hardware import runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
-from sglang_glm5.routing import Route, interpreting, num_blocks_bound, route_pairs, sum_over_slots, uses_pdl
+from sglang_glm5.routing import (
+    CHUNKED_ROUTE_PAIRS,
+    Route,
+    interpreting,
+    num_blocks_bound,
+    route_pairs,
+    sum_over_slots,
+    uses_pdl,
+)
 from sglang_glm5.tiles import GemmConfig, MoeConfig, k_splits_cover
 from sglang_glm5.variants import KernelVariant, w4a16_gluon, w4a16_plan, w4a16_tiles
 from sglang_glm5.variants.w4a16_plan import Launch
@@ -239,10 +249,31 @@ def launch_gemm2(
     )
 
 
+# The tensors of a layer's weights indexed by local expert (``_expert_group`` takes a range of them).
+_EXPERT_TENSORS = ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2")
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(index: int) -> torch.cuda.Stream:
+    """The op's second stream on GPU ``index`` (the second chain of ``w4a16_plan.expert_groups``), made once."""
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
+def _expert_group(weights, first: int, count: int):
+    """Experts first .. first + count - 1 of a layer's weights, as views (the W4A16 kernels read no input scales)."""
+    take = {name: getattr(weights, name)[first : first + count] for name in _EXPERT_TENSORS}
+    return dataclasses.replace(weights, **take, w13_input_scale=None, w2_input_scale=None)
+
+
 def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
     launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
-    runs) and the top-k sum."""
+    runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says two, the routing and the GEMMs run as two chains,
+    one per half of the local experts, the second on a second stream (forked after the first chain's routing, which
+    lays out the activations for both, and joined before the top-k sum), each planned for its half: its K splits may
+    differ from one chain's, and so may the bits (the same call gives the same bits either way)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -252,8 +283,13 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
     sms = w4a16_plan.sm_count(index)
+    groups = 1 if interpret else w4a16_plan.expert_groups(
+        num_pairs, num_experts, num_global, num_pairs < CHUNKED_ROUTE_PAIRS,
+        w4a16_plan.gemm2_tiles_per_program(inter, cfg.gemm2),
+    )  # fmt: skip
+    group_experts = num_experts // groups
 
-    plan = w4a16_plan.plan_gemms(cfg, num_pairs, num_experts, num_global, hidden, inter, sms)
+    plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, sms)
     may_pdl = uses_pdl(device)
     gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
     tail = not gluon2 and w4a16_plan.overlaps_tail(cfg, plan, num_pairs, num_global, may_pdl or interpret)
@@ -265,36 +301,61 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     awaits = tail or (
         not gluon2 and w4a16_plan.awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret)
     )
-    n_ready = num_blocks_bound(num_pairs, num_experts, cfg.gemm1.block_m) if awaits else 0
+    n_ready = num_blocks_bound(num_pairs, group_experts, cfg.gemm1.block_m) if awaits else 0
     n_counters = plan.counters
-    counters = torch.empty(n_counters + n_ready, dtype=torch.int32, device=device) if n_counters + n_ready else None
-    ready = counters[n_counters:] if awaits else None  # zeroed with the split counters by the routing launch
+    # each chain's split and ready counters, zeroed by its routing launch
+    counters = [
+        torch.empty(n_counters + n_ready, dtype=torch.int32, device=device) if n_counters + n_ready else None
+        for _ in range(groups)
+    ]
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    each_pair = num_pairs <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, num_experts)
-    route1 = route_pairs(topk_ids, num_experts, cfg.gemm1.block_m, zero=counters, permute=(hidden_states, xp),
-                         pdl=pdl.get("route", False), layout=weights.layout, each_pair=each_pair)  # fmt: skip
-    route2 = route1
-    if cfg.gemm2.block_m != cfg.gemm1.block_m:
-        route2 = route_pairs(topk_ids, num_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False),
-                             each_pair=each_pair)  # fmt: skip
-
+    each_pair = num_pairs <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, group_experts)
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
-    gate_row0, up_row0 = weights.gate_up_rows
-    # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must not
-    # get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
-    part1 = launch_gemm1(xp, weights.w13, weights.w13_scale, weights.w13_scale_2, route1, h, cfg.gemm1, top_k,
-                         gate_row0, up_row0, interpret, launch=launch1, counters=counters, layout=weights.layout,
-                         pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
-    launch_gemm2(h, weights.w2, weights.w2_scale, weights.w2_scale_2, topk_weights.reshape(-1).contiguous(),
-                 route2, y, cfg.gemm2, interpret, per_program=per_program, launch=launch2,
-                 layout=weights.layout, pdl=pdl.get("gemm2", False), ready=ready,
-                 ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
+    flat_weights = topk_weights.reshape(-1).contiguous()
+    main = torch.cuda.current_stream(device) if groups > 1 else None
+
+    def on_chain(group: int):
+        return torch.cuda.stream(_side_stream(index)) if group else contextlib.nullcontext()
+
+    routes = []
+    for group in range(groups):
+        if group:  # the second chain starts after the first one's routing (the activation layout)
+            _side_stream(index).wait_stream(main)
+        with on_chain(group):
+            zero = counters[group]
+            first = group * group_experts
+            route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=zero,
+                                 permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
+                                 layout=weights.layout, each_pair=each_pair, first_expert=first)  # fmt: skip
+            route2 = route1
+            if cfg.gemm2.block_m != cfg.gemm1.block_m:
+                route2 = route_pairs(topk_ids, group_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False),
+                                     each_pair=each_pair, first_expert=first)  # fmt: skip
+            routes.append((route1, route2))
+
+    gate_row0, up_row0 = weights.gate_up_rows
+    # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must not
+    # get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
+    scratch = []
+    for group, (route1, route2) in enumerate(routes):
+        part = weights if groups == 1 else _expert_group(weights, group * group_experts, group_experts)
+        ready = counters[group][n_counters:] if awaits else None
+        with on_chain(group):
+            part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
+                                 gate_row0, up_row0, interpret, launch=launch1, counters=counters[group],
+                                 layout=weights.layout, pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
+            scratch.append(part1)
+            launch_gemm2(h, part.w2, part.w2_scale, part.w2_scale_2, flat_weights, route2, y, cfg.gemm2, interpret,
+                         per_program=per_program, launch=launch2, layout=weights.layout, pdl=pdl.get("gemm2", False),
+                         ready=ready, ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
+    if groups > 1:
+        main.wait_stream(_side_stream(index))
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
-    del part1
+    del scratch
     return out
 
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import triton
 
+from sglang_glm5 import env
 from sglang_glm5.routing import num_blocks_bound
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig
@@ -90,6 +91,15 @@ GLUON_MAX_BUCKET = 8
 # Up to this many tokens per expert (GLM-5 decode, B <= 256), where the GEMMs stream their weights, an offline pick
 # keeps resident by shared memory the programs an SM each GEMM's grid is sized for (``resident_aim``).
 RESIDENT_AIM_MAX_BUCKET = 8
+# Tokens per expert of the routing (lowest, highest; None: never) for which the op runs as two chains, one per half
+# of the local experts, on two CUDA streams (``expert_groups``): each half's routing, gemm1 and gemm2 beside the
+# other's, so that one chain's launch ramps, tails and waits overlap the other's work; one top-k sum adds both. Only
+# where gemm2 walks one N tile a program: elsewhere (I short, GLM-5 TP8) its programs already wait for their own
+# block's h alone (``awaits_blocks``). H100, GLM-5 at real routing, seeds 43 / 67, against one chain on the same
+# inputs (bench/README.md, run 48): EP8 B = 4, 6, 8, 10, 12, 14, 16 0.968 / 0.948, 0.940 / 0.933, 0.932 / 0.913,
+# 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B = 5 0.960 / 1.014x; B = 1-3 1.00-1.06x, B = 32
+# 1.02x, 128-256 1.08x; TP8 0.957-0.975x at B = 4, 8 and 10, 1.005-1.146x at B = 5, 6, 12, 14 and 16.
+TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 
 
 @functools.cache
@@ -212,6 +222,20 @@ def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
         and plan.gemm2.splits == 1
         and not plan.gemm1.stream
     )
+
+
+def expert_groups(
+    num_pairs: int, num_experts: int, num_global_experts: int, one_launch_routing: bool, gemm2_tiles_a_program: int
+) -> int:
+    """1, or 2 where the op runs as two chains over the halves of the local experts (``TWO_CHAINS_TOKENS_PER_EXPERT``,
+    ``SGLANG_GLM5_TWO_CHAINS``): an even expert count, a routing of one launch (below ``routing.CHUNKED_ROUTE_PAIRS``
+    pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``). The caller runs one chain off a GPU."""
+    span = TWO_CHAINS_TOKENS_PER_EXPERT
+    if span is None or num_experts % 2 or not one_launch_routing or gemm2_tiles_a_program != 1:
+        return 1
+    if not env.get(env.TWO_CHAINS):
+        return 1
+    return 2 if span[0] <= num_pairs / num_global_experts <= span[1] else 1
 
 
 def in_tail_order(plan: GemmPlan) -> GemmPlan:

@@ -1,0 +1,34 @@
+"""Experiment: the op as two chains, one per half of the local experts, on two streams (``w4a16_plan.expert_groups``).
+
+Run 48 (H100, ``expert_halves.py``): two whole op calls over the halves of the experts, on two streams, their outputs
+added, took 0.935x the op at EP8 B = 16, 0.966x at TP8 B = 16, 0.973x at TP8 B = 256 and 0.985-1.028x elsewhere at B =
+16-256, paying for two routings' sorts, two top-k sums and an add, where the same halves on one stream took 1.07-1.28x:
+one chain's launch ramps, tails and waits overlap the other's work. The op's own form shares the activation layout
+(the first chain's routing lays it out, the second chain forks after it), the per-pair outputs and one top-k sum.
+This times it against one chain on the same inputs, round-robin from CUDA graphs (``compare_settings``); each chain is
+planned for its half, so the bits may differ from one chain's (the largest relative difference is printed).
+Usage: python bench/exp/two_chains.py OUT_DIR   (EXP_BATCHES, default 1,2,4,8,16,32,64,128,256; BENCH_SEED, default 43)
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from decode_cases import compare_settings
+
+from sglang_glm5.variants import w4a16_plan
+
+BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,128,256").split(","))
+# Run 48 timed "two chains" over every size (the span (0, 8)), before the op took them at its shipped span.
+SETTINGS = {
+    "one chain": {"TWO_CHAINS_TOKENS_PER_EXPERT": None},
+    "two chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": (0.0, 8.0)},
+    "shipped": {},
+}
+WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
+if WANTED:
+    SETTINGS = {name: SETTINGS[name] for name in ["one chain", *(w for w in WANTED.split(",") if w != "one chain")]}
+
+if __name__ == "__main__":
+    seed = int(os.environ.get("BENCH_SEED", "43"))
+    compare_settings(Path(sys.argv[1]), "two_chains", w4a16_plan, SETTINGS, BATCHES, seed)

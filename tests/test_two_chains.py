@@ -1,0 +1,141 @@
+"""The W4A16 op as two chains, one per half of the local experts, on two CUDA streams (``w4a16_plan.expert_groups``).
+
+The policy runs on the CPU; the chains themselves need CUDA streams (the interpreter runs one chain), so those tests
+run on a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.routing import CHUNKED_ROUTE_PAIRS
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.variants import w4a16, w4a16_plan
+from sglang_glm5.weights import Nvfp4MoeWeights
+
+
+@pytest.mark.parametrize("span,pairs,experts,one_launch,tiles,switch,want", [
+    (None, 256, 32, True, 1, "1", 1),  # no span: one chain
+    ((1 / 32, 8), 8, 32, True, 1, "1", 2),  # B = 1 of GLM-5 EP8: 8 pairs over 256 global experts is 1/32
+    ((1 / 32, 8), 8, 32, True, 1, "0", 1),  # SGLANG_GLM5_TWO_CHAINS=0
+    ((1 / 32, 8), 4, 32, True, 1, "1", 1),  # under the span
+    ((1 / 32, 8), 2049, 32, True, 1, "1", 1),  # over it
+    ((1 / 32, 8), 256, 31, True, 1, "1", 1),  # an odd expert count has no halves
+    ((1 / 32, 8), 256, 32, False, 1, "1", 1),  # a two-launch (chunked) routing: one chain
+    ((1 / 32, 8), 256, 32, True, 2, "1", 1),  # gemm2 walking several N tiles a program (GLM-5 TP8)
+])  # fmt: skip
+def test_expert_groups_follow_the_span(span, pairs, experts, one_launch, tiles, switch, want, monkeypatch):
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", span)
+    monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", switch)
+    assert w4a16_plan.expert_groups(pairs, experts, 256, one_launch, tiles) == want
+
+
+def test_glm5_ep8_decode_takes_two_chains_from_4_to_16_tokens_and_tp8_none():
+    # The shipped span on GLM-5's layouts: EP8 (I = 2048: gemm2 one N tile a program) B = 4-16, TP8 (I = 256) never.
+    from sglang_glm5.tiles import GemmConfig
+
+    tile = GemmConfig(16, 64, 256, num_warps=4, num_stages=3)
+    ep8 = [
+        b
+        for b in range(1, 257)
+        if w4a16_plan.expert_groups(8 * b, 32, 256, True, w4a16_plan.gemm2_tiles_per_program(2048, tile)) == 2
+    ]
+    tp8 = [
+        b
+        for b in range(1, 257)
+        if w4a16_plan.expert_groups(8 * b, 256, 256, True, w4a16_plan.gemm2_tiles_per_program(256, tile)) == 2
+    ]
+    assert ep8 == list(range(4, 17)) and tp8 == []
+
+
+def _gpu(device: torch.device) -> None:
+    if not torch.cuda.is_available() or device.type != "cuda":
+        pytest.skip("two chains need CUDA streams (SGLANG_GLM5_TEST_DEVICE=cuda)")
+
+
+def _layer(gen, device, num_experts=32, hidden=512, inter=256):
+    layer = random_layer(num_experts, hidden, inter, gen)
+    return layer, Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.cpu().double() - want.cpu().double()).norm() / want.cpu().double().norm()).item()
+
+
+# Tokens of an EP8-like rank (32 of 256 global experts, most slots remote): 1 and 2 tokens route each pair to a block
+# of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave.
+@pytest.mark.parametrize("num_tokens", [1, 2, 16, 64, 256])
+def test_two_chains_match_the_reference_and_one_chain(num_tokens, gen, device, monkeypatch):
+    _gpu(device)
+    layer, weights = _layer(gen, device)
+    x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
+    w, ids = random_routing(num_tokens, 32, 8, gen, remote_fraction=0.875)
+    ids[0, 0] = 3  # at least one local slot in each half
+    ids[0, 1] = 20
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    one = fused_moe(*args, check_ids=False, num_global_experts=256)
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    forks = []
+    side = w4a16._side_stream
+    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index) or side(index))
+    two = fused_moe(*args, check_ids=False, num_global_experts=256)
+    again = fused_moe(*args, check_ids=False, num_global_experts=256)
+    torch.cuda.synchronize()
+    assert forks, "the op ran one chain"
+    want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    assert _rel(two, want) < 1e-2
+    assert _rel(two, one) < 2e-3  # the chains may split K otherwise than one chain: not the same bits
+    assert torch.equal(two, again)  # but the same call, the same bits
+
+
+def test_two_chains_replay_from_a_cuda_graph_with_other_routings(gen, device, monkeypatch):
+    # A capture with the second chain forked onto its own stream, replayed with one expert active, then every
+    # expert of both halves, then one expert of the second half only.
+    _gpu(device)
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    layer, weights = _layer(gen, device)
+    num_tokens, top_k = 8, 8
+    x = torch.empty(num_tokens, 512, dtype=torch.bfloat16, device=device)
+    tw = torch.empty(num_tokens, top_k, device=device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=device)
+
+    def fill(routing: str) -> None:
+        w, i = random_routing(num_tokens, 32, top_k, gen)
+        if routing == "one expert":
+            i = torch.full_like(i, -1)
+            i[0, 0] = 5
+        elif routing == "second half only":
+            i = torch.full_like(i, -1)
+            i[:, 0] = 17
+        x.copy_(torch.randn(num_tokens, 512, generator=gen).bfloat16())
+        tw.copy_(w)
+        ids.copy_(i)
+
+    fill("all")
+    fused_moe(x, weights, tw, ids, check_ids=False, num_global_experts=256)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, weights, tw, ids, check_ids=False, num_global_experts=256)
+    for routing in ("one expert", "all", "second half only"):
+        fill(routing)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = nvfp4_fused_moe_reference(x.cpu(), *layer.args(), tw.cpu(), ids.cpu())
+        assert _rel(out, want) < 1e-2, routing
+
+
+def test_a_chunked_size_keeps_one_chain(gen, device, monkeypatch):
+    _gpu(device)
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    forks = []
+    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index))
+    assert w4a16_plan.expert_groups(CHUNKED_ROUTE_PAIRS, 32, 32, False, 1) == 1
+    _, weights = _layer(gen, device, num_experts=8, hidden=256, inter=128)
+    tokens = CHUNKED_ROUTE_PAIRS // 2
+    w, ids = random_routing(tokens, 8, 2, gen)
+    x = torch.randn(tokens, 256, generator=gen).bfloat16()
+    fused_moe(x.to(device), weights, w.to(device), ids.to(device), check_ids=False, path="w4a16")
+    assert not forks
