@@ -55,9 +55,19 @@ def _gpu(device: torch.device) -> None:
         pytest.skip("two chains need CUDA streams (SGLANG_GLM5_TEST_DEVICE=cuda)")
 
 
-def _layer(gen, device, num_experts=32, hidden=512, inter=256):
+# I = 1280 is at least five K steps of any tile the lookup may give (block_k <= 256), so gemm2 walks one N tile a
+# program, where the op takes two chains (as at GLM-5 EP8, I = 2048)
+def _layer(gen, device, num_experts=32, hidden=512, inter=1280):
     layer = random_layer(num_experts, hidden, inter, gen)
     return layer, Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+
+
+def _count_forks(monkeypatch) -> list:
+    """The GPUs the op forked its second chain onto, call by call."""
+    forks = []
+    side = w4a16._side_stream
+    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index) or side(index))
+    return forks
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -75,16 +85,17 @@ def test_two_chains_match_the_reference_and_one_chain(num_tokens, gen, device, m
     ids[0, 0] = 3  # at least one local slot in each half
     ids[0, 1] = 20
     args = (x.to(device), weights, w.to(device), ids.to(device))
-    one = fused_moe(*args, check_ids=False, num_global_experts=256)
+    kwargs = {"check_ids": False, "num_global_experts": 256}
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
+    one = fused_moe(*args, **kwargs)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
-    forks = []
-    side = w4a16._side_stream
-    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index) or side(index))
-    two = fused_moe(*args, check_ids=False, num_global_experts=256)
-    again = fused_moe(*args, check_ids=False, num_global_experts=256)
+    forks = _count_forks(monkeypatch)
+    two = fused_moe(*args, **kwargs)
+    again = fused_moe(*args, **kwargs)
     torch.cuda.synchronize()
     assert forks, "the op ran one chain"
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    assert _rel(one, want) < 1e-2
     assert _rel(two, want) < 1e-2
     assert _rel(two, one) < 2e-3  # the chains may split K otherwise than one chain: not the same bits
     assert torch.equal(two, again)  # but the same call, the same bits
@@ -114,11 +125,14 @@ def test_two_chains_replay_from_a_cuda_graph_with_other_routings(gen, device, mo
         ids.copy_(i)
 
     fill("all")
-    fused_moe(x, weights, tw, ids, check_ids=False, num_global_experts=256)  # compile outside the capture
+    kwargs = {"check_ids": False, "num_global_experts": 256}
+    fused_moe(x, weights, tw, ids, **kwargs)  # compile outside the capture
     torch.cuda.synchronize()
+    forks = _count_forks(monkeypatch)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(x, weights, tw, ids, check_ids=False, num_global_experts=256)
+        out = fused_moe(x, weights, tw, ids, **kwargs)
+    assert forks, "the op ran one chain"
     for routing in ("one expert", "all", "second half only"):
         fill(routing)
         graph.replay()

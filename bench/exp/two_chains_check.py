@@ -1,0 +1,29 @@
+"""Check: the op's error against the float64 reference with one chain and with two, for a tile config and the
+default lookup (a layer of 32 experts, H = I = 512, EP-like routing), to place an error between the chains and the
+tiles. Usage: python bench/exp/two_chains_check.py OUT_DIR"""
+
+import torch
+
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.reference import nvfp4_fused_moe_reference
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.tiles import GemmConfig, MoeConfig
+from sglang_glm5.variants import w4a16_plan
+from sglang_glm5.weights import Nvfp4MoeWeights
+
+gen = torch.Generator().manual_seed(5)
+layer = random_layer(32, 512, 512, gen)
+weights = Nvfp4MoeWeights.build(*(a.cuda() for a in layer.args())).for_device()
+print("layout", weights.layout)
+for tokens in (2, 64):
+    x = torch.randn(tokens, 512, generator=gen).bfloat16()
+    w, ids = random_routing(tokens, 32, 8, gen, remote_fraction=0.875)
+    want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    for bk in (64, 128, 256, None):
+        cfg = None if bk is None else MoeConfig(*(GemmConfig(16, 64, bk, num_warps=4, num_stages=3),) * 2)
+        for span in (None, (0.0, float("inf"))):
+            w4a16_plan.TWO_CHAINS_TOKENS_PER_EXPERT = span
+            got = fused_moe(x.cuda(), weights, w.cuda(), ids.cuda(), check_ids=False, num_global_experts=256,
+                            config=cfg)  # fmt: skip
+            err = ((got.cpu().double() - want).norm() / want.norm()).item()
+            print(f"T={tokens} block_k={bk} chains={'two' if span else 'one'}: rel err {err:.2e}", flush=True)
