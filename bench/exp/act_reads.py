@@ -15,13 +15,13 @@ Usage: python bench/exp/act_reads.py OUT_DIR   (BENCH_SEED, default 43)
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from read_pattern import read_setup
 
 from sglang_glm5 import bench_real
 
@@ -81,12 +81,7 @@ def act_read_kernel(
 
 
 def main(out_dir: Path) -> None:
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(int(os.environ.get("BENCH_SEED", "43")))
-    bw = bench_real.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    gpu = torch.cuda.get_device_name()
-    print(f"{gpu}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s, triton {triton.__version__}", flush=True)
+    gen, bw, sms, gpu = read_setup()
     sink = torch.empty(max(PROGRAMS_PER_SM) * sms, dtype=torch.int32, device="cuda")
     # Each block's 16 rows: distinct random tokens (a token has at most one slot an expert).
     rows = torch.stack([torch.randperm(TOKENS, generator=gen, device="cuda")[:16] for _ in range(BLOCKS)])

@@ -107,13 +107,19 @@ def blocked(w: torch.Tensor, row_bytes: int, block_n: int) -> torch.Tensor:
     return w.view(-1, block_n, steps, STEP_BYTES // 4).transpose(1, 2).contiguous().view(-1)
 
 
-def main(out_dir: Path) -> None:
+def read_setup() -> tuple[torch.Generator, float, int, str]:
+    """(seeded CUDA generator, copy bandwidth in bytes/s, SMs, GPU name) of a read experiment, printed."""
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(os.environ.get("BENCH_SEED", "43")))
     bw = bench_real.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s, triton {triton.__version__}", flush=True)
+    return gen, bw, sms, gpu
+
+
+def main(out_dir: Path) -> None:
+    gen, bw, sms, _ = read_setup()
     sink = torch.empty(8 * sms, dtype=torch.int32, device="cuda")
     rows_out = []
     for name, rows, row_bytes in (m for m in MATRICES if m[0] in os.environ.get("EXP_MATRICES", "w13,w2").split(",")):
