@@ -13,11 +13,13 @@ types, exact (at most 6 significant bits, >= 2^-17). On the GPU this is inline P
 registers holding two words, one call per code position: shifts and ands / lop3s place both lanes,
 and one packed multiply applies the scales. With LAYOUT 0 every output depends only on the word and
 scale at its own position, so the result is right in whatever register layout the compiler gives the
-tile. With LAYOUT 1 the asm takes one 32-bit scale code per register and applies it to both words:
-right when a register's two words are adjacent words of one row (the same block of 16), which holds
-in the dot-operand layouts Triton gives the tile (kWidth 2 on sm_90, 4 on sm_120; checked in the
-TTGIR of both) and which the GPU tests of both layouts would catch. The epilogue multiplies by
-global_scale * 2^7 (``DECODE_UNSCALE``).
+tile. With LAYOUT 1 and 2 the asm takes one 32-bit scale code per register and applies it to both words:
+right only when a register's two words belong to one block of 16, as in the dot-operand layouts Triton
+gives most tiles (kWidth 2 on sm_90, 4 on sm_120). Some tiles get another layout (Triton 3.8, sm_90,
+16x64x64-w4: registers pairing word slots c and c + 2, two blocks in kernel_wgmma), so every tile's
+compiled layout is checked ahead of time (``variants.w4a16_pairs``: the tuner refuses a tile that pairs
+two blocks, and CI checks the shipped and heuristic tiles). The epilogue multiplies by global_scale * 2^7
+(``DECODE_UNSCALE``).
 
 ``LAYOUT`` says where the codes' bits sit in a word and what the block scales are: 0, the
 checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8

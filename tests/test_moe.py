@@ -138,20 +138,28 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
 
 
 # A group of experts routed alone (the op's two chains): ids of the group first .. first + E - 1 become 0 .. E - 1,
-# every other id is dropped; each pair (a few pairs, one program), the sort (many), past the chunked routing's size
-# (one launch: a group's routing never takes the chunked one).
-@pytest.mark.parametrize("num_tokens,top_k,experts,first,block_m,each_pair", [
-    (2, 8, 16, 16, 16, True), (2, 8, 16, 0, 16, True), (37, 8, 16, 16, 16, False), (41, 4, 5, 3, 32, False),
-    (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 16, 16, 16, False),
+# every other id is dropped; each pair (a few pairs, one program: against the same routing of the group's ids), the
+# sort (many: against the torch reference), past the chunked routing's size (one launch: a group's routing never takes
+# the chunked one), int64 ids.
+@pytest.mark.parametrize("num_tokens,top_k,experts,first,block_m,each_pair,dtype", [
+    (2, 8, 16, 16, 16, True, torch.int32), (2, 8, 16, 0, 16, True, torch.int32),
+    (37, 8, 16, 16, 16, False, torch.int32), (41, 4, 5, 3, 32, False, torch.int64),
+    (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 16, 16, 16, False, torch.int32),
 ])  # fmt: skip
-def test_a_group_of_experts_routes_as_its_own_ids(num_tokens, top_k, experts, first, block_m, each_pair, gen, device):
-    ids = torch.randint(-1, 2 * first + experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
+def test_a_group_of_experts_routes_as_its_own_ids(num_tokens, top_k, experts, first, block_m, each_pair, dtype, gen,
+                                                  device):  # fmt: skip
+    ids = torch.randint(-1, 2 * first + experts, (num_tokens, top_k), generator=gen).to(dtype)
     route = route_pairs(ids.to(device), experts, block_m, each_pair=each_pair, first_expert=first)
     mine = (ids >= first) & (ids < first + experts)
-    want = route_pairs(torch.where(mine, ids - first, -1).to(device), experts, block_m, each_pair=each_pair)
-    assert torch.equal(route.sorted_ids.cpu(), want.sorted_ids.cpu())
-    assert torch.equal(route.block_expert.cpu(), want.block_expert.cpu())
-    assert torch.equal(route.used_blocks.cpu(), want.used_blocks.cpu())
+    own = torch.where(mine, ids - first, -1)
+    if each_pair:
+        want = route_pairs(own.to(device), experts, block_m, each_pair=True)
+        want = (want.sorted_ids.cpu(), want.block_expert.cpu())
+    else:
+        want = align_pairs_by_expert_reference(own, experts, block_m)
+    assert torch.equal(route.sorted_ids.cpu(), want[0]) and torch.equal(route.block_expert.cpu(), want[1])
+    used = int((want[1] >= 0).sum())
+    assert int(route.used_blocks.cpu()) == used
 
 
 # (20, 8, 8, 16): under 32 tokens, the activation layout in tiles of 16 rows, as at chunked-prefill sizes

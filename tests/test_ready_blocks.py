@@ -178,7 +178,7 @@ def _tail_call(layer, num_tokens, device, num_global=EXPERTS, gemm2=UNSPLIT):
     return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": num_global}, plan
 
 
-HALVED = GemmConfig(16, 128, 64, split_k=1)  # a 4-warp tile of 128 rows: gemm2 runs it as two halves, one a program
+HALVED = GemmConfig(16, 128, 128, split_k=1)  # a 4-warp tile of 128 rows: gemm2 runs it as two halves, one a program
 
 
 @pytest.mark.parametrize(

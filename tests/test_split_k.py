@@ -205,9 +205,11 @@ def test_gemm2_halves_give_the_one_tile_bits(gen, device, monkeypatch):
     layer = random_layer(4, 320, 192, gen)
     weights, ids = random_routing(5, 4, 2, gen)
     x = torch.randn(5, 320, generator=gen).bfloat16()
-    cfg = MoeConfig(GemmConfig(16, 64, 64), GemmConfig(16, 128, 64))
+    cfg = MoeConfig(GemmConfig(16, 64, 64), GemmConfig(16, 128, 128))
     assert w4a16_plan.halves(cfg.gemm2, 1) and not w4a16_plan.halves(cfg.gemm2, 2)
-    assert not w4a16_plan.halves(GemmConfig(16, 128, 64, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
+    assert not w4a16_plan.halves(GemmConfig(16, 128, 128, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
+    # 64-deep steps: a half's decode pairs words of two scale blocks on sm_90 (w4a16_pairs)
+    assert not w4a16_plan.halves(GemmConfig(16, 128, 64), 1)
     args = [t.to(device) for t in (x, *layer.args(), weights, ids)]
     split = moe.nvfp4_fused_moe(*args, config=cfg)
     monkeypatch.setattr(w4a16_plan, "GEMM2_HALVES", False)

@@ -1,7 +1,7 @@
 """The W4A16 op as two chains, one per half of the local experts, on two CUDA streams (``w4a16_plan.expert_groups``).
 
-The policy runs on the CPU; the chains themselves need CUDA streams (the interpreter runs one chain), so those tests
-run on a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
+The policy, and the chains run one after the other, run on the CPU (the interpreter); the streams, their fork and join
+and a CUDA-graph capture of them need a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,37 @@ def test_glm5_ep8_decode_takes_two_chains_from_4_to_16_tokens_and_tp8_none():
         if w4a16_plan.expert_groups(8 * b, 256, 256, True, w4a16_plan.gemm2_tiles_per_program(256, tile)) == 2
     ]
     assert ep8 == list(range(4, 17)) and tp8 == []
+
+
+def test_two_chains_in_turn_match_the_reference_and_one_chain(gen, device, monkeypatch):
+    # The split itself (each half's weights as views, its ids routed as its own, one activation layout, shared per-pair
+    # outputs, one top-k sum), through the interpreter on the CPU (on a GPU: streams, the tests below too). Ids in
+    # both halves and remote ones; I = 1280 so that gemm2 walks one N tile a program.
+    layer = random_layer(8, 128, 1280, gen)
+    weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+    x = torch.randn(3, 128, generator=gen).bfloat16()
+    w, ids = random_routing(3, 8, 2, gen, remote_fraction=0.25)
+    ids[0] = torch.tensor([1, 6], dtype=ids.dtype)
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    kwargs = {"check_ids": False, "num_global_experts": 64}
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
+    one = fused_moe(*args, **kwargs)
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    assert w4a16_plan.expert_groups(6, 8, 64, True, w4a16_plan.gemm2_tiles_per_program(1280, _lookup_gemm2(device)))
+    halves = []
+    group = w4a16._expert_group
+    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: halves.append(a[1:]) or group(*a))
+    two = fused_moe(*args, **kwargs)
+    assert halves == [(0, 4), (4, 4)], "the op ran one chain"
+    want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
+    assert _rel(two, one) < 2e-3
+
+
+def _lookup_gemm2(device: torch.device):
+    from sglang_glm5 import autotune
+
+    return autotune.pick_config("w4a16", 6 / 64, 8, 128, 1280, device).gemm2
 
 
 def _gpu(device: torch.device) -> None:

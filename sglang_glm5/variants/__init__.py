@@ -62,7 +62,7 @@ class KernelVariant:
     selfcheck: str = ""  # "module:function" (argparse args) -> exit code, for `selfcheck --path NAME`
 
     def key_kernel(self, kernel: str) -> str:
-        """The kernel field of a cache key: the family's prefix, the kernel and the revision ("gemm1.r3")."""
+        """The kernel field of a cache key: the family's prefix, the kernel and the revision ("gemm1.r4")."""
         if kernel not in self.kernels:
             raise ValueError(f"kernel: {self.title} has {self.kernels}, got {kernel!r}")
         return f"{self.key_prefix}{kernel}.r{self.revision}"

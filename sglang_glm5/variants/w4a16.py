@@ -41,8 +41,11 @@ from sglang_glm5.variants.w4a16_plan import Launch
 
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
 # configs tuned for the old ones meaningless or unsafe (2: weights as the left operand, inline-PTX
-# decode; 3: gemm2 may walk several N tiles per program, which can take 2 KB more shared memory).
-KERNEL_REVISION = 3
+# decode; 3: gemm2 may walk several N tiles per program, which can take 2 KB more shared memory; 4: a tile
+# whose decode takes a register's two words from two scale blocks is refused (``w4a16_pairs``; on sm_90,
+# 16x64x64-w4 with Triton 3.8) and 64-deep gemm2 tiles no longer run as halves: a cache tuned before may
+# hold such a tile. The shipped caches' entries were checked and carried over.)
+KERNEL_REVISION = 4
 # `tune`'s default buckets: decode under expert parallelism (fractions: GLM-5 B = 1 .. 16 tokens per
 # step), then 1 .. 2048 tokens per expert.
 TUNE_BUCKETS = (*(Fraction(1, 2**n) for n in (5, 4, 3, 2, 1)), 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -272,8 +275,9 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
     runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says two, the routing and the GEMMs run as two chains,
     one per half of the local experts, the second on a second stream (forked after the first chain's routing, which
-    lays out the activations for both, and joined before the top-k sum), each planned for its half: its K splits may
-    differ from one chain's, and so may the bits (the same call gives the same bits either way)."""
+    lays out the activations for both, and joined before the top-k sum; the interpreter runs them in turn), each
+    planned for its half: its K splits may differ from one chain's, and so may the bits (the same call gives the same
+    bits either way)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -283,7 +287,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
     sms = w4a16_plan.sm_count(index)
-    groups = 1 if interpret else w4a16_plan.expert_groups(
+    groups = w4a16_plan.expert_groups(
         num_pairs, num_experts, num_global, num_pairs < CHUNKED_ROUTE_PAIRS,
         w4a16_plan.gemm2_tiles_per_program(inter, cfg.gemm2),
     )  # fmt: skip
@@ -316,44 +320,46 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     flat_weights = topk_weights.reshape(-1).contiguous()
-    main = torch.cuda.current_stream(device) if groups > 1 else None
+    # the second chain's stream (the interpreter runs the chains one after the other)
+    side = _side_stream(index) if groups > 1 and not interpret else None
+    main = torch.cuda.current_stream(device) if side is not None else None
 
     def on_chain(group: int):
-        return torch.cuda.stream(_side_stream(index)) if group else contextlib.nullcontext()
-
-    routes = []
-    for group in range(groups):
-        if group:  # the second chain starts after the first one's routing (the activation layout)
-            _side_stream(index).wait_stream(main)
-        with on_chain(group):
-            zero = counters[group]
-            first = group * group_experts
-            route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=zero,
-                                 permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
-                                 layout=weights.layout, each_pair=each_pair, first_expert=first)  # fmt: skip
-            route2 = route1
-            if cfg.gemm2.block_m != cfg.gemm1.block_m:
-                route2 = route_pairs(topk_ids, group_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False),
-                                     each_pair=each_pair, first_expert=first)  # fmt: skip
-            routes.append((route1, route2))
+        return torch.cuda.stream(side) if group and side is not None else contextlib.nullcontext()
 
     gate_row0, up_row0 = weights.gate_up_rows
-    # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must not
-    # get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
-    scratch = []
-    for group, (route1, route2) in enumerate(routes):
-        part = weights if groups == 1 else _expert_group(weights, group * group_experts, group_experts)
-        ready = counters[group][n_counters:] if awaits else None
-        with on_chain(group):
-            part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
-                                 gate_row0, up_row0, interpret, launch=launch1, counters=counters[group],
-                                 layout=weights.layout, pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
-            scratch.append(part1)
-            launch_gemm2(h, part.w2, part.w2_scale, part.w2_scale_2, flat_weights, route2, y, cfg.gemm2, interpret,
-                         per_program=per_program, launch=launch2, layout=weights.layout, pdl=pdl.get("gemm2", False),
-                         ready=ready, ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
-    if groups > 1:
-        main.wait_stream(_side_stream(index))
+    routes, scratch = [], []
+    try:
+        for group in range(groups):
+            if group and side is not None:  # the second chain starts after the first one's routing (the activations)
+                side.wait_stream(main)
+            with on_chain(group):
+                first = group * group_experts
+                route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=counters[group],
+                                     permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
+                                     layout=weights.layout, each_pair=each_pair, first_expert=first)  # fmt: skip
+                route2 = route1
+                if cfg.gemm2.block_m != cfg.gemm1.block_m:
+                    route2 = route_pairs(topk_ids, group_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False),
+                                         each_pair=each_pair, first_expert=first)  # fmt: skip
+                routes.append((route1, route2))
+        # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
+        # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
+        for group, (route1, route2) in enumerate(routes):
+            part = weights if groups == 1 else _expert_group(weights, group * group_experts, group_experts)
+            ready = counters[group][n_counters:] if awaits else None
+            with on_chain(group):
+                part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
+                                     gate_row0, up_row0, interpret, launch=launch1, counters=counters[group],
+                                     layout=weights.layout, pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
+                scratch.append(part1)
+                launch_gemm2(h, part.w2, part.w2_scale, part.w2_scale_2, flat_weights, route2, y, cfg.gemm2,
+                             interpret, per_program=per_program, launch=launch2, layout=weights.layout,
+                             pdl=pdl.get("gemm2", False), ready=ready,
+                             ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
+    finally:
+        if side is not None:  # joined even when a launch raised, so that a capture never ends with a stream forked
+            main.wait_stream(side)
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     del scratch
     return out

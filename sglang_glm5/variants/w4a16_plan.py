@@ -97,8 +97,9 @@ RESIDENT_AIM_MAX_BUCKET = 8
 # where gemm2 walks one N tile a program: elsewhere (I short, GLM-5 TP8) its programs already wait for their own
 # block's h alone (``awaits_blocks``). H100, GLM-5 at real routing, seeds 43 / 67, against one chain on the same
 # inputs (bench/README.md, run 48): EP8 B = 4, 6, 8, 10, 12, 14, 16 0.968 / 0.948, 0.940 / 0.933, 0.932 / 0.913,
-# 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B = 5 0.960 / 1.014x; B = 1-3 1.00-1.06x, B = 32
-# 1.02x, 128-256 1.08x; TP8 0.957-0.975x at B = 4, 8 and 10, 1.005-1.146x at B = 5, 6, 12, 14 and 16.
+# 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B = 5 0.960 / 1.014x (B = 7, 9, 11, 13, 15 not
+# timed); B = 1-3 1.00-1.06x, B = 32, 64, 128, 256 1.022, 0.996, 1.085, 1.081x; TP8 0.957-0.975x at B = 4, 8 and 10,
+# 1.005-1.146x at B = 5, 6, 12, 14 and 16.
 TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 
 
@@ -229,7 +230,8 @@ def expert_groups(
 ) -> int:
     """1, or 2 where the op runs as two chains over the halves of the local experts (``TWO_CHAINS_TOKENS_PER_EXPERT``,
     ``SGLANG_GLM5_TWO_CHAINS``): an even expert count, a routing of one launch (below ``routing.CHUNKED_ROUTE_PAIRS``
-    pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``). The caller runs one chain off a GPU."""
+    pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``). Off a GPU (the interpreter) the op runs the
+    chains one after the other."""
     span = TWO_CHAINS_TOKENS_PER_EXPERT
     if span is None or num_experts % 2 or not one_launch_routing or gemm2_tiles_a_program != 1:
         return 1

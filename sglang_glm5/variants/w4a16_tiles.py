@@ -11,9 +11,13 @@ import itertools
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, wgmma_from_registers
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.tiles import GemmConfig, MoeConfig, compile_for_target
-from sglang_glm5.variants import w4a16_gluon
+from sglang_glm5.variants import w4a16_gluon, w4a16_pairs
 
 KERNELS = ("gemm1", "gemm2")
+# What an ahead-of-time compile gives, instead of a size, for a tile whose decode would take a register's two words
+# from two scale blocks (``w4a16_pairs``); PAIRS_CHECK versions that check in the sizes' memo keys.
+DECODE_REFUSED = "decode: "
+PAIRS_CHECK = 1
 
 
 def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
@@ -122,9 +126,10 @@ def model_shared_floor(kernel: str, cfg: GemmConfig) -> int:
 
 
 def halvable(cfg: GemmConfig) -> bool:
-    """Whether a gemm2 tile can run as two halves: 4 warps (one warp group: each half keeps 64 rows a wgmma) and
-    at least 128 rows."""
-    return cfg.num_warps == 4 and cfg.block_n >= 128
+    """Whether a gemm2 tile can run as two halves: 4 warps (one warp group: each half keeps 64 rows a wgmma), at
+    least 128 rows, and K steps of at least 128: a half of 64 rows in steps of 64 decodes, on sm_90 (Triton 3.8), in a
+    layout whose registers pair words of two scale blocks of the kernel_wgmma layout (``w4a16_pairs``)."""
+    return cfg.num_warps == 4 and cfg.block_n >= 128 and cfg.block_k >= 128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,8 +202,9 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
     return compile_for_target(_kernel_fn(kernel), consts, cfg, arch, _POINTERS, _NOT_DIVISIBLE)
 
 
-def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
-    """Shared memory of the kernel as it may run: the largest over its ``FORMS``."""
+def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int | str:
+    """Shared memory of the kernel as it may run: the largest over its ``FORMS``; or, where a form's decode would
+    take two words of one register from two scale blocks (``w4a16_pairs``), why the tile cannot run ("decode: ...")."""
     # the halves' form for the tiles that can take it, whatever GEMM2_HALVES says now (the sizes are memoized); the
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
@@ -206,7 +212,14 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int:
     if cfg.one_k_step:  # the one form it runs in (w4a16.launch_gemm2 refuses any other), with and without the loop
         check_config(cfg, kernel)  # gemm2 only
         forms = [form for f in forms if f.get("ONE_K_STEP") for form in (f, {**f, "BLOCK_LOOP": True})]
-    shared = max(int(_compile(kernel, cfg, arch, form).metadata.shared) for form in forms)
+    layout = LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel")
+    shared = 0
+    for form in forms:
+        compiled = _compile(kernel, cfg, arch, form)
+        wrong = w4a16_pairs.wrong_pairs(compiled.asm["ttgir"], layout)
+        if wrong:
+            return f"{DECODE_REFUSED}{kernel} {cfg.label} on sm_{arch}, form {form}: {wrong}"
+        shared = max(shared, int(compiled.metadata.shared))
     if cfg.gluon and w4a16_gluon.runs_on(arch):  # either kernel may run it (the switch)
         gluon = (w4a16_gluon.aot(arch, splits=n, tile=cfg, kernel=kernel).metadata.shared for n in (1, 2))
         shared = max(shared, *map(int, gluon))
@@ -222,11 +235,12 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
     if cfg.gluon:
         digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon_ws" if cfg.producer else
                                       "sglang_glm5.kernels.nvfp4_moe_gluon")  # fmt: skip
-    return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
+    return f"triton={triton.__version__}|src={digest}|pairs={PAIRS_CHECK}|{kernel}|sm_{arch}|{cfg.label}"
 
 
-def aot_job(kernel: str, cfg: dict, arch: int, want_asm: bool = False) -> int | dict[str, str]:
-    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes over the kernel's forms, or its PTX."""
+def aot_job(kernel: str, cfg: dict, arch: int, want_asm: bool = False) -> int | str | dict[str, str]:
+    """One ahead-of-time compile (``sglang_glm5.aot`` worker): shared bytes over the kernel's forms (or why the
+    tile's decode cannot run: ``_compiled_shared``), or its PTX."""
     config = GemmConfig(**cfg)
     if want_asm:
         return {"ptx": _compile(kernel, config, arch).asm["ptx"]}
@@ -237,7 +251,8 @@ def _compile_jobs(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = Fals
     from sglang_glm5.aot import run_jobs
 
     results = run_jobs("sglang_glm5.variants.w4a16_tiles:aot_job", [[k, c.as_dict(), a, want_asm] for k, c, a in jobs])
-    failed = [(k, c.label, a, r) for (k, c, a), r in zip(jobs, results, strict=True) if isinstance(r, str)]
+    failed = [(k, c.label, a, r) for (k, c, a), r in zip(jobs, results, strict=True)
+              if isinstance(r, str) and not r.startswith(DECODE_REFUSED)]  # fmt: skip
     if failed:
         raise RuntimeError(f"ahead-of-time compile failed for {failed}")
     return results
@@ -245,23 +260,26 @@ def _compile_jobs(jobs: list[tuple[str, GemmConfig, int]], want_asm: bool = Fals
 
 def compiled_shared_bytes_many(
     items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
-) -> list[int]:
-    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture.
+) -> list[int | str]:
+    """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture, or, for a tile
+    whose decode would apply a neighbouring block's scale there (``w4a16_pairs``), a string saying so (a verdict the
+    tuner prunes, as a tile that does not fit).
 
-    No GPU needed. Results are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
+    No GPU needed. Sizes are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
     version and kernel source; the missing ones compile together in worker processes.
     """
     keys = [_memo_key(kernel, cfg, target.arch) for kernel, cfg in items]
 
     from sglang_glm5.aot import memoized
 
-    def compile_missing(indices: list[int]) -> list[int]:
-        return [int(v) for v in _compile_jobs([(items[i][0], items[i][1], target.arch) for i in indices])]
+    def compile_missing(indices: list[int]) -> list[int | str]:
+        results = _compile_jobs([(items[i][0], items[i][1], target.arch) for i in indices])
+        return [v if isinstance(v, str) else int(v) for v in results]
 
-    return [int(v) for v in memoized(keys, compile_missing, memo=memo)]
+    return memoized(keys, compile_missing, memo=memo)
 
 
-def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int:
+def compiled_shared_bytes(kernel: str, cfg: GemmConfig, target: GpuTarget, *, memo: bool = True) -> int | str:
     """Shared memory of one kernel compiled ahead of time for the target (see compiled_shared_bytes_many)."""
     return compiled_shared_bytes_many([(kernel, cfg)], target, memo=memo)[0]
 
