@@ -16,10 +16,10 @@ scale at its own position, so the result is right in whatever register layout th
 tile. With LAYOUT 1 and 2 the asm takes one 32-bit scale code per register and applies it to both words:
 right only when a register's two words belong to one block of 16, as in the dot-operand layouts Triton
 gives most tiles (kWidth 2 on sm_90, 4 on sm_120). Some tiles get another layout (Triton 3.8, sm_90,
-16x64x64-w4: registers pairing word slots c and c + 2, two blocks in kernel_wgmma), so every tile's
-compiled layout is checked ahead of time (``variants.w4a16_pairs``: the tuner refuses a tile that pairs
-two blocks, and CI checks the shipped and heuristic tiles). The epilogue multiplies by global_scale * 2^7
-(``DECODE_UNSCALE``).
+16x64x64-w4: registers pairing word slots c and c + 2, two blocks in kernel_wgmma), so the compiled
+layout is read from the TTGIR (``variants.w4a16_pairs``): the tuner refuses a tile that pairs two blocks,
+CI checks the shipped and heuristic tiles, and the op checks each GEMM kernel it launches once (raising
+where the pairs are wrong). The epilogue multiplies by global_scale * 2^7 (``DECODE_UNSCALE``).
 
 ``LAYOUT`` says where the codes' bits sit in a word and what the block scales are: 0, the
 checkpoint's (code q at bits 4q .. 4q + 3, e4m3 scales: 15 integer operations per register of 8
@@ -44,8 +44,9 @@ from sglang_glm5.nvfp4 import WORD_BITS
 # Weights are decoded as value * 2^-7: the epilogue multiplies by 2^7.
 DECODE_UNSCALE = 2.0**7
 
-# Inputs: $1 = two 16-bit words of packed weights, elements c (low half) and c + 1 (high half), each
-# holding 4 codes = K elements 4c .. 4c + 3; $2 = their block scales as a packed pair of 16-bit floats
+# Inputs: $1 = two 16-bit words of packed weights, the register's elements 2i (low half) and 2i + 1 (high
+# half) in the compiler's layout (adjacent words c and c + 1 in the dot-operand layouts), each holding
+# 4 codes = K elements 4c .. 4c + 3; $2 = their block scales as a packed pair of 16-bit floats
 # (checkpoint layout) or of scale codes (kernel layout, ``nvfp4.scale_codes``). Output = the pair
 # (code q of element c, code q of element c + 1): the two lanes are 16 bits apart in the input as in the
 # output, so one shift moves both.

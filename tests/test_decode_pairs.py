@@ -85,3 +85,21 @@ def test_every_shipped_h200_entry_and_the_heuristic_decode_under_their_own_scale
         verdicts = w4a16_tiles.compiled_shared_bytes_many(checked, target)
         refused = [(k, c.label, v) for (k, c), v in zip(checked, verdicts, strict=True) if isinstance(v, str)]
         assert not refused, refused
+
+
+class _Compiled:
+    """What ``kernel[grid](...)`` returns, as far as the runtime check reads it."""
+
+    def __init__(self, ttgir: str):
+        self.asm = {"ttgir": ttgir}
+
+
+def test_the_op_refuses_a_launched_kernel_that_pairs_two_blocks():
+    bad, good = _Compiled(CASES[3][0]), _Compiled(CASES[0][0])
+    with pytest.raises(RuntimeError, match="neighbouring block's scale"):
+        w4a16_pairs.refuse_wrong_pairs(bad, 2, "gemm1 16x64x64-w4-s2")
+    with pytest.raises(RuntimeError):  # read once, remembered
+        w4a16_pairs.refuse_wrong_pairs(bad, 2, "gemm1 16x64x64-w4-s2")
+    w4a16_pairs.refuse_wrong_pairs(good, 2, "gemm1 16x64x256-w4-s3")
+    w4a16_pairs.refuse_wrong_pairs(bad, 0, "the checkpoint layout")  # a scale per word: nothing to check
+    w4a16_pairs.refuse_wrong_pairs(None, 2, "the interpreter")  # no compiled kernel to read

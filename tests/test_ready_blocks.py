@@ -23,8 +23,9 @@ from sglang_glm5.variants import w4a16, w4a16_plan, w4a16_tiles
 from sglang_glm5.weights import Nvfp4MoeWeights
 
 HIDDEN, INTER, EXPERTS, TOP_K = 640, 384, 8, 4
-TILE = GemmConfig(16, 64, 64)
-UNSPLIT = GemmConfig(16, 64, 64, split_k=1)  # the tail overlap takes unsplit launches only
+# 128-deep steps: with 64, the decode of 16x64 tiles pairs words of two scale blocks on sm_90 (w4a16_pairs)
+TILE = GemmConfig(16, 64, 128)
+UNSPLIT = GemmConfig(16, 64, 128, split_k=1)  # the tail overlap takes unsplit launches only
 
 
 def _layer_and_routing(num_tokens: int, active: int, gen: torch.Generator, device: torch.device):

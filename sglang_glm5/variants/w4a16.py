@@ -36,7 +36,7 @@ from sglang_glm5.routing import (
     uses_pdl,
 )
 from sglang_glm5.tiles import GemmConfig, MoeConfig, k_splits_cover
-from sglang_glm5.variants import KernelVariant, w4a16_gluon, w4a16_plan, w4a16_tiles
+from sglang_glm5.variants import KernelVariant, w4a16_gluon, w4a16_pairs, w4a16_plan, w4a16_tiles
 from sglang_glm5.variants.w4a16_plan import Launch
 
 # Part of every autotune cache key: bump it when the W4A16 kernels change in a way that makes
@@ -112,7 +112,7 @@ def launch_gemm1(
         part = torch.empty(launch.stream * 2 * 2 * cfg.block_n * cfg.block_m, dtype=torch.float32, device=h.device)
     w13 = w13.view(torch.int16)  # 4 nibbles per element (kernels/nvfp4_decode.py)
     grid = (launch.stream, 1, 1) if launch.stream else _grid(launch, tiles)
-    _k.nvfp4_moe_gemm1_kernel[grid](
+    compiled = _k.nvfp4_moe_gemm1_kernel[grid](
         x_ptr=x,
         w_ptr=w13,
         ws_ptr=w13_scale.view(torch.uint8),
@@ -155,6 +155,7 @@ def launch_gemm1(
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
+    w4a16_pairs.refuse_wrong_pairs(compiled, LAYOUTS.index(layout), f"gemm1 {cfg.label}")
     return part
 
 
@@ -210,7 +211,7 @@ def launch_gemm2(
         return
     groups = triton.cdiv(tiles, per_program)
     grid = _grid(launch, groups)
-    _k.nvfp4_moe_gemm2_kernel[grid](
+    compiled = _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
         w_ptr=w2,
         ws_ptr=w2_scale.view(torch.uint8),
@@ -250,6 +251,7 @@ def launch_gemm2(
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
+    w4a16_pairs.refuse_wrong_pairs(compiled, LAYOUTS.index(layout), f"gemm2 {cfg.label}")
 
 
 # The tensors of a layer's weights indexed by local expert (``_expert_group`` takes a range of them).
@@ -329,10 +331,12 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     gate_row0, up_row0 = weights.gate_up_rows
     routes, scratch = [], []
+    forked = False
     try:
         for group in range(groups):
             if group and side is not None:  # the second chain starts after the first one's routing (the activations)
                 side.wait_stream(main)
+                forked = True
             with on_chain(group):
                 first = group * group_experts
                 route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=counters[group],
@@ -358,7 +362,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                              pdl=pdl.get("gemm2", False), ready=ready,
                              ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
     finally:
-        if side is not None:  # joined even when a launch raised, so that a capture never ends with a stream forked
+        if forked:  # joined even when a launch raised, so that a capture never ends with a stream forked
             main.wait_stream(side)
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     del scratch

@@ -6,8 +6,11 @@ dot-operand layouts Triton gives most tiles (kWidth 2 on sm_90, 4 on sm_120) a r
 layouts keep in one block; but for some tiles the compiler runs the decode in another layout. Triton 3.8, sm_90,
 kernel_wgmma, 16x64x64-w4: a linear layout whose registers pair word slots c and c + 2, of two blocks in that layout
 (block b of each 16 word slots is 2b, 2b + 1, 2b + 8, 2b + 9), so half the weights take a neighbour's scale. This reads
-the layout of every decode asm op from the compiled kernel's TTGIR and checks each register's pair of words; a layout
-it cannot read counts as wrong (the tile is refused, never run wrong).
+the layout of every decode asm op from a compiled kernel's TTGIR and checks each register's pair of words; a layout it
+cannot read counts as wrong. Two places ask: every ahead-of-time compile of a tile (``w4a16_tiles``: the tuner refuses
+such a tile, CI checks the shipped and heuristic ones) and every kernel the op launches, once per compiled kernel
+(``refuse_wrong_pairs``: a config given by hand, a cache from an older tune, another Triton version), which raises
+before the op returns anything.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 PAIRED_LAYOUTS = (1, 2)
 # The decode asm ops that take scale codes: their PTX turns the code into a scale with one multiply-add.
 _SCALED_ASM = re.compile(
-    r'tt\.elementwise_inline_asm "[^"]*mad\.lo\.u32[^"]*"[^\n]*?-> tensor<(\d+)x(\d+)x\w+, ([^\n]*?)> loc'
+    r'tt\.elementwise_inline_asm "[^"]*mad\.lo\.u32[^"]*"[^\n]*?-> tensor<([^,>]*), ([^\n]*?)>(?: loc|$)', re.M
 )
 _ALIAS = re.compile(r"^(#[\w.]+) = (.*)$", re.M)
 _BASES = re.compile(r"(register|lane|warp|block) = \[((?:\[[^\]]*\](?:, )?)*)\]")
@@ -38,12 +41,16 @@ def _linear_pairs(definition: str, rows: int, cols: int) -> list[tuple[tuple[int
     bases = {name: [tuple(int(v) for v in b.split(",")) for b in re.findall(r"\[(-?\d+, -?\d+)\]", body)]
              for name, body in _BASES.findall(definition)}  # fmt: skip
     registers, others = bases.get("register", []), bases.get("lane", []) + bases.get("warp", [])
+    if not registers or 2 ** (len(registers) + len(others)) < rows * cols:
+        raise ValueError(f"unread linear layout: {definition}")
 
     def coordinate(bits: list[tuple[int, int]]) -> tuple[int, int]:
         row = col = 0
         for r, c in bits:
             row, col = row ^ r, col ^ c
-        return row % rows, col % cols
+        if not (0 <= row < rows and 0 <= col < cols):
+            raise ValueError(f"a linear layout's coordinate ({row}, {col}) outside [{rows}, {cols}]: {definition}")
+        return row, col
 
     pairs = []
     for other in itertools.product((0, 1), repeat=len(others)):
@@ -64,9 +71,13 @@ def wrong_pairs(ttgir: str, layout: int) -> str | None:
         return None
     aliases = dict(_ALIAS.findall(ttgir))
     found = 0
-    for rows, cols, name in _SCALED_ASM.findall(ttgir):
+    for shape, name in _SCALED_ASM.findall(ttgir):
         found += 1
         definition = aliases.get(name, name)
+        dims = shape.split("x")[:-1]  # "64x16xbf16": rows, words
+        if len(dims) != 2 or not all(d.isdigit() for d in dims):
+            return f"the decode runs on a tensor of shape {shape}, not [rows, words]"
+        rows, cols = int(dims[0]), int(dims[1])
         if definition.startswith("#ttg.dot_op"):
             width = re.search(r"kWidth = (\d+)", definition)
             if re.search(r"opIdx = 0", definition) and width and int(width.group(1)) % 2 == 0:
@@ -74,7 +85,29 @@ def wrong_pairs(ttgir: str, layout: int) -> str | None:
             return f"the decode runs in {definition}"
         if not definition.startswith("#ttg.linear"):
             return f"the decode runs in a layout this check does not read: {definition}"
-        for (row_a, col_a), (row_b, col_b) in _linear_pairs(definition, int(rows), int(cols)):
+        try:
+            pairs = _linear_pairs(definition, rows, cols)
+        except ValueError as e:
+            return str(e)
+        for (row_a, col_a), (row_b, col_b) in pairs:
             if row_a != row_b or scale_block(col_a, layout) != scale_block(col_b, layout):
                 return f"a register pairs words {col_a} and {col_b} of two scale blocks ({definition})"
     return None if found else "no decode asm op found in the TTGIR"
+
+
+_CHECKED: dict[int, str | None] = {}  # id of a compiled kernel (kept by Triton's cache for the process) -> verdict
+
+
+def refuse_wrong_pairs(compiled, layout: int, what: str) -> None:
+    """Raise RuntimeError when ``compiled`` (what ``kernel[grid](...)`` returned: Triton's compiled kernel; None or
+    without TTGIR in the interpreter) decodes some register's two words under two scale blocks of ``layout``; each
+    compiled kernel is read once. The launch has run: the caller raises before returning what it wrote."""
+    asm = getattr(compiled, "asm", None)
+    if layout not in PAIRED_LAYOUTS or not asm or "ttgir" not in asm:
+        return
+    key = id(compiled)
+    if key not in _CHECKED:
+        _CHECKED[key] = wrong_pairs(asm["ttgir"], layout)
+    if _CHECKED[key]:
+        raise RuntimeError(f"{what}: this tile's compiled decode would apply a neighbouring block's scale to half the "
+                           f"weights ({_CHECKED[key]}); use another tile (tune refuses this one)")  # fmt: skip
