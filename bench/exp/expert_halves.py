@@ -6,7 +6,7 @@ launch, is the weaker of the two (62-76% of the copy bandwidth against gemm1's 7
 over every expert, then gemm2 (filling gemm1's last wave, run 44). If the experts were split in two halves run
 concurrently, one half's gemm2 could read while the other half's gemm1 reads, and the launches' ramps would overlap
 work. This measures an upper-bound-free version of that with the shipped op unchanged: the layer's experts cut in two
-(``dataclasses.replace`` on the bundle: views, no copies), each half routed by its own ids (the other half's slots
+(``w4a16._expert_group``, the op's own: views, no copies), each half routed by its own ids (the other half's slots
 -1, precomputed outside the timing), the two op calls on two streams forked from and joined to the capture stream,
 their outputs added. It pays for two routings, two top-k sums and the add, so it is pessimistic; the same two
 halves on one stream separate what the split costs from what the concurrency gains. Each half reads the cached tiles
@@ -14,7 +14,6 @@ of the whole layer (the lookup asked for the whole layer's expert count), so onl
 Usage: python bench/exp/expert_halves.py OUT_DIR   (EXP_BATCHES, default 16,32,64,128,256; BENCH_SEED, default 43)
 """
 
-import dataclasses
 import json
 import os
 import statistics
@@ -26,14 +25,9 @@ from decode_cases import OP_KWARGS, cases, floor_ms, generator
 
 from sglang_glm5 import autotune, bench_real
 from sglang_glm5.moe import fused_moe
+from sglang_glm5.variants import w4a16
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "16,32,64,128,256").split(","))
-
-
-def half(bundle, lo: int, hi: int):
-    """Experts lo .. hi - 1 of a layer bundle (views)."""
-    take = {f: getattr(bundle, f)[lo:hi] for f in ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2")}
-    return dataclasses.replace(bundle, **take)
 
 
 def half_ids(ids: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -52,7 +46,7 @@ def main(out: Path) -> None:
     for name, layout, bundles, batch, inputs in cases(gen, BATCHES):
         e = layout.num_experts
         mid = e // 2
-        halves = [(half(b, 0, mid), half(b, mid, e)) for b in bundles]
+        halves = [(w4a16._expert_group(b, 0, mid), w4a16._expert_group(b, mid, e - mid)) for b in bundles]
         split_inputs = [(x, w, half_ids(ids, 0, mid), half_ids(ids, mid, e)) for x, w, ids in inputs]
 
         def pick_whole(kind, m, num_experts, *args, e=e, mid=mid, **kwargs):

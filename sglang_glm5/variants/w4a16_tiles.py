@@ -15,9 +15,8 @@ from sglang_glm5.variants import w4a16_gluon, w4a16_pairs
 
 KERNELS = ("gemm1", "gemm2")
 # What an ahead-of-time compile gives, instead of a size, for a tile whose decode would take a register's two words
-# from two scale blocks (``w4a16_pairs``); PAIRS_CHECK versions that check in the sizes' memo keys.
+# from two scale blocks (``w4a16_pairs``).
 DECODE_REFUSED = "decode: "
-PAIRS_CHECK = 1
 
 
 def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
@@ -184,11 +183,16 @@ FORMS = {
 }
 
 
+def _layout_on(arch: int) -> int:
+    """The index (nvfp4.LAYOUTS) of the kernel layout a layer's weights take on ``sm_{arch}``."""
+    return LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel")
+
+
 def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | None = None):
     consts = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True, "INTERPRETER": False,
         # the layout a layer takes on this arch (weights.kernel_layout; the same shared memory in every layout)
-        "LAYOUT": LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel"),
+        "LAYOUT": _layout_on(arch),
         "PDL": False,  # two instructions, no shared memory
         "BLOCKS_LAST": False,  # the grid's order (set by the forms that use it)
         "READY": False,  # per-block ready counters (a form may set it)
@@ -212,7 +216,7 @@ def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int | str:
     if cfg.one_k_step:  # the one form it runs in (w4a16.launch_gemm2 refuses any other), with and without the loop
         check_config(cfg, kernel)  # gemm2 only
         forms = [form for f in forms if f.get("ONE_K_STEP") for form in (f, {**f, "BLOCK_LOOP": True})]
-    layout = LAYOUTS.index("kernel_wgmma" if wgmma_from_registers(arch) else "kernel")
+    layout = _layout_on(arch)
     shared = 0
     for form in forms:
         compiled = _compile(kernel, cfg, arch, form)
@@ -235,7 +239,9 @@ def _memo_key(kernel: str, cfg: GemmConfig, arch: int) -> str:
     if cfg.gluon:
         digest += "+" + source_digest("sglang_glm5.kernels.nvfp4_moe_gluon_ws" if cfg.producer else
                                       "sglang_glm5.kernels.nvfp4_moe_gluon")  # fmt: skip
-    return f"triton={triton.__version__}|src={digest}|pairs={PAIRS_CHECK}|{kernel}|sm_{arch}|{cfg.label}"
+    # sizes are memoized for tiles that pass the decode check: an edit to the check compiles them again
+    digest += "+" + source_digest("sglang_glm5.variants.w4a16_pairs")
+    return f"triton={triton.__version__}|src={digest}|{kernel}|sm_{arch}|{cfg.label}"
 
 
 def aot_job(kernel: str, cfg: dict, arch: int, want_asm: bool = False) -> int | str | dict[str, str]:
