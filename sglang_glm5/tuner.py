@@ -35,11 +35,14 @@ SPLIT_MARGIN = 0.02
 @dataclass
 class TuneReport:
     """Counts per (kernel, bucket) pruned or benchmarked, and per GEMM kernel each distinct candidate's
-    verdict over all buckets: its shared bytes when it fits the target, else "model" or "compiler"."""
+    verdict over all buckets: its shared bytes when it fits the target, else "model" or "compiler" (by shared memory,
+    or a compile or launch failure) or "decode" (it compiles, but its decode would compute wrong values there:
+    ``variants.DECODE_REFUSED``)."""
 
     candidates: int = 0
     pruned_by_model: int = 0
     pruned_by_compiler: int = 0
+    pruned_by_decode: int = 0
     benchmarked: int = 0
     split_trials: int = 0  # of the benchmarked: tiles timed again with other split plans
     bench_seconds: float = 0.0
@@ -50,25 +53,30 @@ class TuneReport:
 
     def add(self, other: TuneReport) -> None:
         """Add another report's counts and verdicts to this one."""
-        counts = ("candidates", "pruned_by_model", "pruned_by_compiler", "benchmarked", "split_trials", "bench_seconds")
+        counts = ("candidates", "pruned_by_model", "pruned_by_compiler", "pruned_by_decode", "benchmarked",
+                  "split_trials", "bench_seconds")  # fmt: skip
         for name in counts:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for kernel, verdicts in other.verdicts.items():
             self.verdicts_for(kernel).update(verdicts)
 
     def space_lines(self, target: GpuTarget, prefix: str = "") -> list[str]:
-        """One line per GEMM: its distinct candidates, how many the shared-memory model and the compiler
-        ruled out for the target, and the largest tile that fits (by block_m * block_n * block_k, then stages)."""
+        """One line per GEMM: its distinct candidates, how many the shared-memory model and the compiler ruled out for
+        the target (and how many the decode check refused, where any), and the largest tile that fits (by block_m *
+        block_n * block_k, then stages)."""
         lines = []
         for kernel, verdicts in self.verdicts.items():
             fit = {cfg: shared for cfg, shared in verdicts.items() if isinstance(shared, int)}
             by_model = sum(v == "model" for v in verdicts.values())
             by_compiler = sum(v == "compiler" for v in verdicts.values())
+            by_decode = sum(v == "decode" for v in verdicts.values())
             line = (
                 f"{prefix}{kernel}: {len(verdicts)} candidates, {by_model} ruled out by the shared-memory model "
                 f"and {by_compiler} by the compiler for {target.name} ({target.sm}, {target.shared_per_block} B "
                 f"per block), {len(fit)} fit"
             )
+            if by_decode:
+                line += f", {by_decode} refused for a decode that would pair two scale blocks"
             if fit:
                 c = max(fit, key=lambda c: (c.block_m * c.block_n * c.block_k, c.num_stages, fit[c], c.label))
                 line += f"; largest feasible tile {c.label} ({fit[c]} B)"
@@ -77,15 +85,16 @@ class TuneReport:
 
     @property
     def pruned(self) -> int:
-        return self.pruned_by_model + self.pruned_by_compiler
+        return self.pruned_by_model + self.pruned_by_compiler + self.pruned_by_decode
 
     def summary(self) -> str:
         per = self.bench_seconds / self.benchmarked if self.benchmarked else 0.0
         saved = f", about {self.pruned * per:.0f} s of benchmarking saved" if self.benchmarked else ""
         splits = f" ({self.split_trials} of them split-plan trials)" if self.split_trials else ""
+        decode = f", {self.pruned_by_decode} for their decode" if self.pruned_by_decode else ""
         return (
             f"{self.candidates} candidates, {self.pruned} pruned as infeasible ({self.pruned_by_model} by the model, "
-            f"{self.pruned_by_compiler} by the compiler), {self.benchmarked} benchmarked{splits}{saved}"
+            f"{self.pruned_by_compiler} by the compiler{decode}), {self.benchmarked} benchmarked{splits}{saved}"
         )
 
 
@@ -102,7 +111,8 @@ def prune(
     verdicts: dict[GemmConfig, int | str] | None = None,
 ) -> list[tuple[GemmConfig, int]]:
     """The configs that fit the target's shared memory, with their bytes: the model first (instant),
-    then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting).
+    then, when ``compiled_bytes`` is given, the AOT compile (an error string counts as not fitting; one starting with
+    ``variants.DECODE_REFUSED`` is counted as the decode's).
 
     ``model_bytes`` is an upper bound. With the compiler at hand and a lower bound ``floor_bytes``, the
     model discards only what cannot fit even at the floor, and the compiler rules on the rest.
@@ -124,6 +134,9 @@ def prune(
         for cfg, shared in zip(fits_model, compiled_bytes(fits_model), strict=True):
             if isinstance(shared, int) and target.fits(shared):
                 out.append((cfg, shared))
+            elif isinstance(shared, str) and shared.startswith(variants.DECODE_REFUSED):
+                report.pruned_by_decode += 1
+                verdicts[cfg] = "decode"
             else:
                 report.pruned_by_compiler += 1
                 verdicts[cfg] = "compiler"

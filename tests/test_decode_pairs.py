@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_glm5 import tuner
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16_pairs, w4a16_tiles
@@ -71,6 +72,20 @@ def test_a_tile_whose_decode_pairs_two_blocks_is_refused_on_sm90_and_kept_on_sm1
         pytest.skip("this Triton gives the tile a layout that pairs one block's words on sm_90")
     assert on_sm90.startswith(w4a16_tiles.DECODE_REFUSED) and "two scale blocks" in on_sm90
     assert isinstance(on_sm120, int)
+    # the tuner prunes it under the decode's own count, beside a tile of one block's pairs that it keeps
+    good, h200 = GemmConfig(16, 64, 128, num_warps=4, num_stages=2), TARGETS["h200"]
+    report = tuner.TuneReport()
+    kept = tuner.prune(
+        [tile, good], h200, report, lambda c: w4a16_tiles.model_shared_floor("gemm1", c),
+        lambda configs: w4a16_tiles.compiled_shared_bytes_many([("gemm1", c) for c in configs], h200, memo=False),
+        verdicts=report.verdicts_for("gemm1"),
+    )  # fmt: skip
+    assert [c for c, _ in kept] == [good]
+    assert (report.pruned_by_decode, report.pruned_by_compiler, report.pruned) == (1, 0, 1)
+    assert "(0 by the model, 0 by the compiler, 1 for their decode)" in report.summary()
+    (line,) = report.space_lines(h200)
+    assert line.endswith("1 fit, 1 refused for a decode that would pair two scale blocks; largest feasible tile "
+                         f"{good.label} ({kept[0][1]} B)"), line  # fmt: skip
 
 
 def test_every_shipped_h200_entry_and_the_heuristic_decode_under_their_own_scales(fresh_cache):

@@ -21,6 +21,10 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 
 NAMES = ("w4a16", "w4a4", "dense")
 Bucket = int | Fraction
+# How a family's ``compiled_shared_bytes`` verdict starts, instead of a size, for a tile that compiles and may fit but
+# whose compiled decode would compute wrong values (W4A16: a register's two words from two scale blocks,
+# ``w4a16_pairs``): the tuner prunes it under its own count, not as a misfit.
+DECODE_REFUSED = "decode: "
 
 
 def resolve(ref: str) -> Callable:

@@ -11,12 +11,9 @@ import itertools
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, wgmma_from_registers
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.tiles import GemmConfig, MoeConfig, compile_for_target
-from sglang_glm5.variants import w4a16_gluon, w4a16_pairs
+from sglang_glm5.variants import DECODE_REFUSED, w4a16_gluon, w4a16_pairs
 
 KERNELS = ("gemm1", "gemm2")
-# What an ahead-of-time compile gives, instead of a size, for a tile whose decode would take a register's two words
-# from two scale blocks (``w4a16_pairs``).
-DECODE_REFUSED = "decode: "
 
 
 def check_config(cfg: GemmConfig, kernel: str | None = None, enk: tuple[int, int, int] | None = None) -> None:
@@ -268,8 +265,8 @@ def compiled_shared_bytes_many(
     items: list[tuple[str, GemmConfig]], target: GpuTarget, *, memo: bool = True
 ) -> list[int | str]:
     """Shared memory of each (kernel, config) compiled ahead of time for the target's architecture, or, for a tile
-    whose decode would apply a neighbouring block's scale there (``w4a16_pairs``), a string saying so (a verdict the
-    tuner prunes, as a tile that does not fit).
+    whose decode would apply a neighbouring block's scale there (``w4a16_pairs``), a string saying so, starting with
+    ``variants.DECODE_REFUSED`` (the tuner prunes it under its own count).
 
     No GPU needed. Sizes are memoized on disk ($SGLANG_GLM5_CACHE_DIR/aot_shared.json) per Triton
     version and kernel source; the missing ones compile together in worker processes.
