@@ -1,4 +1,5 @@
-"""The W4A16 op as two chains, one per half of the local experts, on two CUDA streams (``w4a16_plan.expert_groups``).
+"""The W4A16 op as two chains, one per half of the local experts, on two CUDA streams (``w4a16_plan.expert_groups``),
+and as more chains over smaller groups (``w4a16_plan.CHAINS``, which the experiments set).
 
 The policy, and the chains run one after the other, run on the CPU (the interpreter); the streams, their fork and join
 and a CUDA-graph capture of them need a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
@@ -18,6 +19,7 @@ from sglang_glm5.weights import Nvfp4MoeWeights
 
 @pytest.mark.parametrize("span,pairs,experts,one_launch,tiles,switch,want", [
     (None, 256, 32, True, 1, "1", 1),  # no span: one chain
+    ((1 / 32, 8), 256, 30, True, 1, "1", 2),  # an even count: halves
     ((1 / 32, 8), 8, 32, True, 1, "1", 2),  # B = 1 of GLM-5 EP8: 8 pairs over 256 global experts is 1/32
     ((1 / 32, 8), 8, 32, True, 1, "0", 1),  # SGLANG_GLM5_TWO_CHAINS=0
     ((1 / 32, 8), 4, 32, True, 1, "1", 1),  # under the span
@@ -30,6 +32,29 @@ def test_expert_groups_follow_the_span(span, pairs, experts, one_launch, tiles, 
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", span)
     monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", switch)
     assert w4a16_plan.expert_groups(pairs, experts, 256, one_launch, tiles) == want
+
+
+@pytest.mark.parametrize("chains,experts,want", [
+    (4, 32, 4),  # GLM-5 EP8: four groups of eight
+    (8, 32, 8),  # eight groups of four
+    (4, 30, 1),  # four does not divide 30: one chain, not uneven groups
+    (1, 32, 1),  # one chain asked for
+])  # fmt: skip
+def test_more_chains_take_equal_groups(chains, experts, want, monkeypatch):
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (1 / 32, 8))
+    monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
+    assert w4a16_plan.expert_groups(64, experts, 256, True, 1) == want
+
+
+@pytest.mark.parametrize("share,sms,chains,want", [
+    (False, 132, 4, 132),  # each chain sized for the whole GPU (the shipped setting)
+    (True, 132, 4, 33),  # for its share
+    (True, 188, 8, 23),  # SM120's 188 SMs in eight: the remainder idles rather than oversubscribing
+    (True, 2, 4, 1),  # never below one SM
+])  # fmt: skip
+def test_chain_sms(share, sms, chains, want, monkeypatch):
+    monkeypatch.setattr(w4a16_plan, "CHAIN_SM_SHARE", share)
+    assert w4a16_plan.chain_sms(sms, chains) == want
 
 
 def test_glm5_ep8_decode_takes_two_chains_from_4_to_16_tokens_and_tp8_none():
@@ -50,10 +75,15 @@ def test_glm5_ep8_decode_takes_two_chains_from_4_to_16_tokens_and_tp8_none():
     assert ep8 == list(range(4, 17)) and tp8 == []
 
 
-def test_two_chains_in_turn_match_the_reference_and_one_chain(gen, device, monkeypatch):
-    # The split itself (each half's weights as views, its ids routed as its own, one activation layout, shared per-pair
-    # outputs, one top-k sum), through the interpreter on the CPU (on a GPU: streams, the tests below too). Ids in
-    # both halves and remote ones; I = 1280 so that gemm2 walks one N tile a program.
+@pytest.mark.parametrize("chains,groups", [
+    (2, [(0, 4), (4, 4)]),  # the halves, as shipped
+    (4, [(0, 2), (2, 2), (4, 2), (6, 2)]),  # more chains: the first and the last group's experts both take ids
+])  # fmt: skip
+def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, device, monkeypatch):
+    # The split itself (each group's weights as views, its ids routed as its own, one activation layout, shared
+    # per-pair outputs, one top-k sum), through the interpreter on the CPU (on a GPU: streams, the tests below too).
+    # Ids in the first and last groups and remote ones; I = 1280 so that gemm2 walks one N tile a program.
+    monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     layer = random_layer(8, 128, 1280, gen)
     weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
     x = torch.randn(3, 128, generator=gen).bfloat16()
@@ -69,7 +99,7 @@ def test_two_chains_in_turn_match_the_reference_and_one_chain(gen, device, monke
     group = w4a16._expert_group
     monkeypatch.setattr(w4a16, "_expert_group", lambda *a: halves.append(a[1:]) or group(*a))
     two = fused_moe(*args, **kwargs)
-    assert halves == [(0, 4), (4, 4)], "the op ran one chain"
+    assert halves == groups, "the op ran another split"
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
     assert _rel(two, one) < 2e-3
@@ -97,7 +127,7 @@ def _count_forks(monkeypatch) -> list:
     """The GPUs the op forked its second chain onto, call by call."""
     forks = []
     side = w4a16._side_stream
-    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index) or side(index))
+    monkeypatch.setattr(w4a16, "_side_stream", lambda index, chain: forks.append(index) or side(index, chain))
     return forks
 
 
@@ -106,10 +136,16 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # Tokens of an EP8-like rank (32 of 256 global experts, most slots remote): 1 and 2 tokens route each pair to a block
-# of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave.
-@pytest.mark.parametrize("num_tokens", [1, 2, 16, 64, 256])
-def test_two_chains_match_the_reference_and_one_chain(num_tokens, gen, device, monkeypatch):
+# of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave. Two chains as shipped; four and eight, each
+# sized for its share of the SMs or for all, as the experiments run them.
+@pytest.mark.parametrize("num_tokens,chains,share", [
+    (1, 2, False), (2, 2, False), (16, 2, False), (64, 2, False), (256, 2, False),
+    (2, 4, False), (16, 4, True), (16, 8, True), (64, 8, False),
+])  # fmt: skip
+def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, gen, device, monkeypatch):
     _gpu(device)
+    monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_SM_SHARE", share)
     layer, weights = _layer(gen, device)
     x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
     w, ids = random_routing(num_tokens, 32, 8, gen, remote_fraction=0.875)
@@ -124,7 +160,7 @@ def test_two_chains_match_the_reference_and_one_chain(num_tokens, gen, device, m
     two = fused_moe(*args, **kwargs)
     again = fused_moe(*args, **kwargs)
     torch.cuda.synchronize()
-    assert forks, "the op ran one chain"
+    assert len(forks) == 2 * (chains - 1), "the op ran another number of chains"
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2
     assert _rel(two, want) < 1e-2
@@ -132,11 +168,13 @@ def test_two_chains_match_the_reference_and_one_chain(num_tokens, gen, device, m
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
-def test_two_chains_replay_from_a_cuda_graph_with_other_routings(gen, device, monkeypatch):
-    # A capture with the second chain forked onto its own stream, replayed with one expert active, then every
-    # expert of both halves, then one expert of the second half only.
+@pytest.mark.parametrize("chains", [2, 4])
+def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, gen, device, monkeypatch):
+    # A capture with the later chains forked onto their own streams, replayed with one expert active, then every
+    # expert of every group, then one expert of the second half only.
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     layer, weights = _layer(gen, device)
     num_tokens, top_k = 8, 8
     x = torch.empty(num_tokens, 512, dtype=torch.bfloat16, device=device)
@@ -176,7 +214,7 @@ def test_a_chunked_size_keeps_one_chain(gen, device, monkeypatch):
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     forks = []
-    monkeypatch.setattr(w4a16, "_side_stream", lambda index: forks.append(index))
+    monkeypatch.setattr(w4a16, "_side_stream", lambda index, chain: forks.append(index))
     assert w4a16_plan.expert_groups(CHUNKED_ROUTE_PAIRS, 32, 32, False, 1) == 1
     _, weights = _layer(gen, device, num_experts=8, hidden=256, inter=128)
     tokens = CHUNKED_ROUTE_PAIRS // 2

@@ -7,7 +7,12 @@ one chain's launch ramps, tails and waits overlap the other's work. The op's own
 (the first chain's routing lays it out, the second chain forks after it), the per-pair outputs and one top-k sum.
 This times it against one chain on the same inputs, round-robin from CUDA graphs (``compare_settings``); each chain is
 planned for its half, so the bits may differ from one chain's (the largest relative difference is printed).
-Usage: python bench/exp/two_chains.py OUT_DIR   (EXP_BATCHES, default 1,2,4,8,16,32,64,128,256; BENCH_SEED, default 43)
+It also times more chains over smaller groups of experts, each chain's grids sized for the whole GPU or for its share
+of the SMs (``w4a16_plan.CHAINS``, ``CHAIN_SM_SHARE``): at B = 4 a GLM-5 EP8 rank has about four experts active, and
+one expert's step (B = 1) takes the H200 20 us for 5 us of bytes, so four such chains side by side would leave the
+bandwidth, not the chains, to set the time (a model, to be measured).
+Usage: python bench/exp/two_chains.py OUT_DIR   (EXP_BATCHES, default 1,2,4,8,16,32,64,128,256; BENCH_SEED, default 43;
+EXP_SETTINGS, comma-separated names of SETTINGS, default all)
 """
 
 import os
@@ -20,10 +25,18 @@ from sglang_glm5.variants import w4a16_plan
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,128,256").split(","))
 # Run 48 timed "two chains" over every size (the span (0, 8)), before the op took them at its shipped span.
+# More chains over smaller groups of experts, and chains sized for their share of the SMs (``w4a16_plan.CHAINS``,
+# ``CHAIN_SM_SHARE``), over the same span.
+EVERY = (0.0, 8.0)
 SETTINGS = {
     "one chain": {"TWO_CHAINS_TOKENS_PER_EXPERT": None},
-    "two chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": (0.0, 8.0)},
+    "two chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY},
     "shipped": {},
+    "two chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAIN_SM_SHARE": True},
+    "four chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 4},
+    "four chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 4, "CHAIN_SM_SHARE": True},
+    "eight chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 8},
+    "eight chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 8, "CHAIN_SM_SHARE": True},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:

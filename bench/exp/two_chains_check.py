@@ -1,6 +1,7 @@
-"""Check: the op's error against the float64 reference with one chain and with two, for a tile config and the
+"""Check: the op's error against the float64 reference with one chain, two and four, for a tile config and the
 default lookup (a layer of 32 experts, H = I = 512, EP-like routing), to place an error between the chains and the
-tiles. Usage: python bench/exp/two_chains_check.py OUT_DIR"""
+tiles. A tile whose decode would pair two scale blocks on this GPU and Triton is refused by the op at its launch
+(``variants.w4a16_pairs``): printed as refused. Usage: python bench/exp/two_chains_check.py OUT_DIR"""
 
 import torch
 
@@ -21,9 +22,14 @@ for tokens in (2, 64):
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     for bk in (64, 128, 256, None):
         cfg = None if bk is None else MoeConfig(*(GemmConfig(16, 64, bk, num_warps=4, num_stages=3),) * 2)
-        for span in (None, (0.0, float("inf"))):
-            w4a16_plan.TWO_CHAINS_TOKENS_PER_EXPERT = span
-            got = fused_moe(x.cuda(), weights, w.cuda(), ids.cuda(), check_ids=False, num_global_experts=256,
-                            config=cfg)  # fmt: skip
+        for chains in (1, 2, 4):
+            w4a16_plan.TWO_CHAINS_TOKENS_PER_EXPERT = (0.0, float("inf")) if chains > 1 else None
+            w4a16_plan.CHAINS = max(chains, 2)
+            try:
+                got = fused_moe(x.cuda(), weights, w.cuda(), ids.cuda(), check_ids=False, num_global_experts=256,
+                                config=cfg)  # fmt: skip
+            except RuntimeError as e:
+                print(f"T={tokens} block_k={bk} chains={chains}: refused: {str(e).splitlines()[0][:160]}", flush=True)
+                continue
             err = ((got.cpu().double() - want).norm() / want.norm()).item()
-            print(f"T={tokens} block_k={bk} chains={'two' if span else 'one'}: rel err {err:.2e}", flush=True)
+            print(f"T={tokens} block_k={bk} chains={chains}: rel err {err:.2e}", flush=True)

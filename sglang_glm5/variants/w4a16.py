@@ -256,14 +256,14 @@ def launch_gemm2(
 
 # The tensors of a layer's weights indexed by local expert (``_expert_group`` takes a range of them).
 _EXPERT_TENSORS = ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scale_2")
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
-def _side_stream(index: int) -> torch.cuda.Stream:
-    """The op's second stream on GPU ``index`` (the second chain of ``w4a16_plan.expert_groups``), made once."""
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
+def _side_stream(index: int, chain: int) -> torch.cuda.Stream:
+    """The stream of chain ``chain`` >= 1 of ``w4a16_plan.expert_groups`` on GPU ``index``, made once."""
+    if (index, chain) not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index, chain] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index, chain]
 
 
 def _expert_group(weights, first: int, count: int):
@@ -275,11 +275,11 @@ def _expert_group(weights, first: int, count: int):
 def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
     launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
-    runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says two, the routing and the GEMMs run as two chains,
-    one per half of the local experts, the second on a second stream (forked after the first chain's routing, which
-    lays out the activations for both, and joined before the top-k sum; the interpreter runs them in turn), each
-    planned for its half: its K splits may differ from one chain's, and so may the bits (the same call gives the same
-    bits either way)."""
+    runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says several, the routing and the GEMMs run as that
+    many chains, one per group of the local experts (two: the halves), the first on the caller's stream and each other
+    on a stream of its own (forked after the first chain's routing, which lays out the activations for all, and joined
+    before the top-k sum; the interpreter runs them in turn), each planned for its group (``w4a16_plan.chain_sms``):
+    its K splits may differ from one chain's, and so may the bits (the same call gives the same bits either way)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -295,7 +295,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     )  # fmt: skip
     group_experts = num_experts // groups
 
-    plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, sms)
+    chain_sms = w4a16_plan.chain_sms(sms, groups)  # one chain: all of them
+    plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, chain_sms)
     may_pdl = uses_pdl(device)
     gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
     tail = not gluon2 and w4a16_plan.overlaps_tail(cfg, plan, num_pairs, num_global, may_pdl or interpret)
@@ -322,21 +323,21 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     flat_weights = topk_weights.reshape(-1).contiguous()
-    # the second chain's stream (the interpreter runs the chains one after the other)
-    side = _side_stream(index) if groups > 1 and not interpret else None
-    main = torch.cuda.current_stream(device) if side is not None else None
+    # each later chain's stream (the interpreter runs the chains one after the other)
+    sides = ([None] + [_side_stream(index, g) for g in range(1, groups)]) if groups > 1 and not interpret else None
+    main = torch.cuda.current_stream(device) if sides else None
 
     def on_chain(group: int):
-        return torch.cuda.stream(side) if group and side is not None else contextlib.nullcontext()
+        return torch.cuda.stream(sides[group]) if group and sides else contextlib.nullcontext()
 
     gate_row0, up_row0 = weights.gate_up_rows
     routes, scratch = [], []
-    forked = False
+    forked = []
     try:
         for group in range(groups):
-            if group and side is not None:  # the second chain starts after the first one's routing (the activations)
-                side.wait_stream(main)
-                forked = True
+            if group and sides:  # a later chain starts after the first one's routing (the activations)
+                sides[group].wait_stream(main)
+                forked.append(sides[group])
             with on_chain(group):
                 first = group * group_experts
                 route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=counters[group],
@@ -362,7 +363,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                              pdl=pdl.get("gemm2", False), ready=ready,
                              ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
     finally:
-        if forked:  # joined even when a launch raised, so that a capture never ends with a stream forked
+        for side in forked:  # joined even when a launch raised, so that a capture never ends with a stream forked
             main.wait_stream(side)
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
     del scratch

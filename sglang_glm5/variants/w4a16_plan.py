@@ -101,6 +101,14 @@ RESIDENT_AIM_MAX_BUCKET = 8
 # timed); B = 1-3 1.00-1.06x, B = 32, 64, 128, 256 1.022, 0.996, 1.085, 1.081x; TP8 0.957-0.975x at B = 4, 8 and 10,
 # 1.005-1.146x at B = 5, 6, 12, 14 and 16.
 TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
+# Chains in that span: the local experts in CHAINS equal groups, one chain each, the first on the caller's stream and
+# the others on streams of their own. With CHAIN_SM_SHARE each chain's grids are sized for its share of the SMs (the
+# chains side by side on parts of the GPU) rather than for the whole GPU (the chains filling each other's gaps, as run
+# 48 measured). Two, the whole GPU: the measured setting; more chains, and SM shares, are for
+# ``bench/exp/two_chains.py`` to time (at B = 4 a GLM-5 EP8 rank has about four experts active, each a B = 1 step of
+# 20 us for 5 us of bytes on the H200).
+CHAINS = 2
+CHAIN_SM_SHARE = False
 
 
 @functools.cache
@@ -228,16 +236,21 @@ def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
 def expert_groups(
     num_pairs: int, num_experts: int, num_global_experts: int, one_launch_routing: bool, gemm2_tiles_a_program: int
 ) -> int:
-    """1, or 2 where the op runs as two chains over the halves of the local experts (``TWO_CHAINS_TOKENS_PER_EXPERT``,
-    ``SGLANG_GLM5_TWO_CHAINS``): an even expert count, a routing of one launch (below ``routing.CHUNKED_ROUTE_PAIRS``
-    pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``). Off a GPU (the interpreter) the op runs the
-    chains one after the other."""
+    """1, or ``CHAINS`` where the op runs as that many chains over equal groups of the local experts
+    (``TWO_CHAINS_TOKENS_PER_EXPERT``, ``SGLANG_GLM5_TWO_CHAINS``): an expert count that CHAINS divides, a routing of
+    one launch (below ``routing.CHUNKED_ROUTE_PAIRS`` pairs) and gemm2 one N tile a program
+    (``gemm2_tiles_per_program``). Off a GPU (the interpreter) the op runs the chains one after the other."""
     span = TWO_CHAINS_TOKENS_PER_EXPERT
-    if span is None or num_experts % 2 or not one_launch_routing or gemm2_tiles_a_program != 1:
+    if span is None or CHAINS < 2 or num_experts % CHAINS or not one_launch_routing or gemm2_tiles_a_program != 1:
         return 1
     if not env.get(env.TWO_CHAINS):
         return 1
-    return 2 if span[0] <= num_pairs / num_global_experts <= span[1] else 1
+    return CHAINS if span[0] <= num_pairs / num_global_experts <= span[1] else 1
+
+
+def chain_sms(sms: int, chains: int) -> int:
+    """The SMs a chain's grids are sized for: all of them, or with ``CHAIN_SM_SHARE`` its share."""
+    return max(1, sms // chains) if CHAIN_SM_SHARE else sms
 
 
 def in_tail_order(plan: GemmPlan) -> GemmPlan:
