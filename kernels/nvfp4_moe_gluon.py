@@ -81,7 +81,7 @@ def _decode(packed, scale, Q: gl.constexpr):
 
 @gluon.jit
 def grid_dependency(WAIT: gl.constexpr):
-    """``griddepcontrol.wait`` (WAIT) or ``griddepcontrol.launch_dependents``: see ``nvfp4_moe.after_previous_launch``
+    """``griddepcontrol.wait`` (WAIT) or ``griddepcontrol.launch_dependents``: see ``moe_common.after_previous_launch``
     and ``let_next_launch``. Harmless without a dependent launch."""
     if WAIT:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -92,7 +92,7 @@ def grid_dependency(WAIT: gl.constexpr):
 
 @gluon.jit
 def _mark_ready(ready_ptr, pid_m, READY: gl.constexpr):
-    """``nvfp4_moe.mark_block_ready``: this program's tile of h for block pid_m is stored (release)."""
+    """``moe_common.mark_block_ready``: this program's tile of h for block pid_m is stored (release)."""
     if READY:
         cta_barrier()  # every thread's h is written before the counter says so
         gl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
@@ -370,7 +370,7 @@ def nvfp4_moe_gemm1_gluon_kernel(
     SPLITS: gl.constexpr,  # grid axis 2 splits K; the last program of a tile adds the partials in split order
     PDL: gl.constexpr,  # programmatic dependent launch
     BLOCKS_LAST: gl.constexpr,  # grid (N tiles, blocks, SPLITS): a block's N tiles side by side (prefill tiles)
-    READY: gl.constexpr = False,  # count each block's stored N tiles in ready_ptr (nvfp4_moe.mark_block_ready)
+    READY: gl.constexpr = False,  # count each block's stored N tiles in ready_ptr (moe_common.mark_block_ready)
 ):  # fmt: skip
     """Grid (blocks, N tiles, SPLITS), or (N tiles, blocks, SPLITS) with BLOCKS_LAST; WARPS warps. With READY the
     next launch may start once every program has started (gemm2 waits for each block's counter instead)."""

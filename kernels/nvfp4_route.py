@@ -6,7 +6,7 @@ top-k sum. ``sglang_glm5.routing`` launches them; the K order is ``nvfp4_moe``'s
 import triton
 import triton.language as tl
 
-from sglang_glm5.kernels.nvfp4_moe import after_previous_launch, let_next_launch, round_to
+from sglang_glm5.kernels.moe_common import after_previous_launch, let_next_launch, round_to
 
 
 @triton.jit

@@ -26,8 +26,8 @@ logic (indexing, quantization, epilogues) this way; only the compiled path uses 
 import triton
 import triton.language as tl
 
+from sglang_glm5.kernels.moe_common import block_pairs, expert_rows, round_to, tile_columns
 from sglang_glm5.kernels.nvfp4_decode import e2m1_nibbles_to_f16
-from sglang_glm5.kernels.nvfp4_moe import block_pairs, expert_rows, round_to, tile_columns
 
 
 @triton.jit

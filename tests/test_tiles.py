@@ -61,11 +61,11 @@ def test_compiled_shared_bytes_is_memoized_on_disk(fresh_cache):
 @pytest.mark.parametrize(
     ("module", "imported"),
     [
-        ("sglang_glm5.kernels.nvfp4_moe", {"nvfp4_decode.py", "nvfp4.py"}),
-        ("sglang_glm5.kernels.nvfp4_w4a4", {"nvfp4_moe.py", "nvfp4_decode.py", "nvfp4.py"}),
+        ("sglang_glm5.kernels.nvfp4_moe", {"moe_common.py", "nvfp4_decode.py", "nvfp4.py"}),
+        ("sglang_glm5.kernels.nvfp4_w4a4", {"moe_common.py", "nvfp4_decode.py", "nvfp4.py"}),
         ("sglang_glm5.kernels.nvfp4_moe_gluon", {"nvfp4_decode.py", "nvfp4.py"}),
         # `from sglang_glm5.kernels import nvfp4_route as _k`: a module named through its package
-        ("sglang_glm5.routing", {"nvfp4_route.py", "nvfp4_moe.py", "nvfp4_decode.py"}),
+        ("sglang_glm5.routing", {"nvfp4_route.py", "moe_common.py"}),
     ],
 )
 def test_source_digest_covers_the_package_modules_a_kernel_file_imports(module, imported):
