@@ -34,6 +34,14 @@ def test_expert_groups_follow_the_span(span, pairs, experts, one_launch, tiles, 
     assert w4a16_plan.expert_groups(pairs, experts, 256, one_launch, tiles) == want
 
 
+def test_multi_tile_gemm2_takes_chains_only_when_asked(monkeypatch):
+    # GLM-5 TP8 (gemm2 walks several N tiles a program) keeps one chain unless the experiments ask for chains there
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (1 / 32, 8))
+    assert w4a16_plan.expert_groups(64, 256, 256, True, 4) == 1
+    monkeypatch.setattr(w4a16_plan, "CHAINS_MULTI_TILE_GEMM2", True)
+    assert w4a16_plan.expert_groups(64, 256, 256, True, 4) == 2
+
+
 @pytest.mark.parametrize("chains,experts,want", [
     (4, 32, 4),  # GLM-5 EP8: four groups of eight
     (8, 32, 8),  # eight groups of four
@@ -100,6 +108,37 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     monkeypatch.setattr(w4a16, "_expert_group", lambda *a: halves.append(a[1:]) or group(*a))
     two = fused_moe(*args, **kwargs)
     assert halves == groups, "the op ran another split"
+    want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
+    assert _rel(two, one) < 2e-3
+
+
+def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, device, monkeypatch):
+    # TP8-like: I = 256 in two K steps, so gemm2 walks several N tiles a program and waits on each block's ready
+    # counter (one SM, so that the plan keeps several tiles a program); each chain's gemm1 counts its own blocks in its
+    # own counters, which its routing zeroed. Against the reference and one chain; on a GPU the chains run overlapped.
+    from sglang_glm5.tiles import GemmConfig, MoeConfig
+
+    tile = GemmConfig(16, 64, 128)
+    monkeypatch.setattr(w4a16_plan, "sm_count", lambda index: 1)
+    layer = random_layer(8, 1024, 256, gen)
+    weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+    x = torch.randn(3, 1024, generator=gen).bfloat16()
+    w, ids = random_routing(3, 8, 4, gen, remote_fraction=0.5)
+    ids[0, :2] = torch.tensor([2, 5], dtype=ids.dtype)  # one expert in each half
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    kwargs = {"check_ids": False, "num_global_experts": 64, "config": MoeConfig(tile, tile)}
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", "0")
+    one = fused_moe(*args, **kwargs)
+    monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", "1")
+    monkeypatch.setattr(w4a16_plan, "CHAINS_MULTI_TILE_GEMM2", True)
+    readies = []
+    launch = w4a16.launch_gemm2
+    monkeypatch.setattr(w4a16, "launch_gemm2", lambda *a, **k: readies.append(k["ready"]) or launch(*a, **k))
+    two = fused_moe(*args, **kwargs)
+    assert len(readies) == 2 and all(r is not None for r in readies), "two chains, each waiting on ready counters"
+    assert readies[0].data_ptr() != readies[1].data_ptr()
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
     assert _rel(two, one) < 2e-3

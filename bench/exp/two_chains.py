@@ -26,17 +26,18 @@ from sglang_glm5.variants import w4a16_plan
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,128,256").split(","))
 # Run 48 timed "two chains" over every size (the span (0, 8)), before the op took them at its shipped span.
 # More chains over smaller groups of experts, and chains sized for their share of the SMs (``w4a16_plan.CHAINS``,
-# ``CHAIN_SM_SHARE``), over the same span.
-EVERY = (0.0, 8.0)
+# ``CHAIN_SM_SHARE``), over the same span; these also at TP8 (``CHAINS_MULTI_TILE_GEMM2``).
+EVERY = {"TWO_CHAINS_TOKENS_PER_EXPERT": (0.0, 8.0)}
+MORE = {**EVERY, "CHAINS_MULTI_TILE_GEMM2": True}
 SETTINGS = {
     "one chain": {"TWO_CHAINS_TOKENS_PER_EXPERT": None},
-    "two chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY},
+    "two chains": EVERY,
     "shipped": {},
-    "two chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAIN_SM_SHARE": True},
-    "four chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 4},
-    "four chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 4, "CHAIN_SM_SHARE": True},
-    "eight chains": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 8},
-    "eight chains on SM shares": {"TWO_CHAINS_TOKENS_PER_EXPERT": EVERY, "CHAINS": 8, "CHAIN_SM_SHARE": True},
+    "two chains on SM shares": {**MORE, "CHAIN_SM_SHARE": True},
+    "four chains": {**MORE, "CHAINS": 4},
+    "four chains on SM shares": {**MORE, "CHAINS": 4, "CHAIN_SM_SHARE": True},
+    "eight chains": {**MORE, "CHAINS": 8},
+    "eight chains on SM shares": {**MORE, "CHAINS": 8, "CHAIN_SM_SHARE": True},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:

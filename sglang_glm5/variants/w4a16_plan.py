@@ -109,6 +109,9 @@ TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 # 20 us for 5 us of bytes on the H200).
 CHAINS = 2
 CHAIN_SM_SHARE = False
+# Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
+# the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
+CHAINS_MULTI_TILE_GEMM2 = False
 
 
 @functools.cache
@@ -239,9 +242,12 @@ def expert_groups(
     """1, or ``CHAINS`` where the op runs as that many chains over equal groups of the local experts
     (``TWO_CHAINS_TOKENS_PER_EXPERT``, ``SGLANG_GLM5_TWO_CHAINS``): an expert count that CHAINS divides, a routing of
     one launch (below ``routing.CHUNKED_ROUTE_PAIRS`` pairs) and gemm2 one N tile a program
-    (``gemm2_tiles_per_program``). Off a GPU (the interpreter) the op runs the chains one after the other."""
+    (``gemm2_tiles_per_program``; any, with ``CHAINS_MULTI_TILE_GEMM2``). Off a GPU (the interpreter) the op runs the
+    chains one after the other."""
     span = TWO_CHAINS_TOKENS_PER_EXPERT
-    if span is None or CHAINS < 2 or num_experts % CHAINS or not one_launch_routing or gemm2_tiles_a_program != 1:
+    if span is None or CHAINS < 2 or num_experts % CHAINS or not one_launch_routing:
+        return 1
+    if gemm2_tiles_a_program != 1 and not CHAINS_MULTI_TILE_GEMM2:
         return 1
     if not env.get(env.TWO_CHAINS):
         return 1
