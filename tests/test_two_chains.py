@@ -102,7 +102,8 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
     one = fused_moe(*args, **kwargs)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
-    assert w4a16_plan.expert_groups(6, 8, 64, True, w4a16_plan.gemm2_tiles_per_program(1280, _lookup_gemm2(device)))
+    tiles = w4a16_plan.gemm2_tiles_per_program(1280, _lookup_gemm2(device))
+    assert w4a16_plan.expert_groups(6, 8, 64, True, tiles) == chains
     halves = []
     group = w4a16._expert_group
     monkeypatch.setattr(w4a16, "_expert_group", lambda *a: halves.append(a[1:]) or group(*a))
@@ -138,7 +139,12 @@ def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, devi
     monkeypatch.setattr(w4a16, "launch_gemm2", lambda *a, **k: readies.append(k["ready"]) or launch(*a, **k))
     two = fused_moe(*args, **kwargs)
     assert len(readies) == 2 and all(r is not None for r in readies), "two chains, each waiting on ready counters"
-    assert readies[0].data_ptr() != readies[1].data_ptr()
+    # each chain's gemm1 counted its own blocks in its own counters, zeroed by its own routing: every block of a chain
+    # that holds pairs ends at gemm1's 4 N tiles of h (I = 256 in tiles of 64), the rest at 0 (shared or unzeroed
+    # counters would read otherwise)
+    for ready in readies:
+        counts = ready.cpu().tolist()
+        assert set(counts) <= {0, 4} and 4 in counts, counts
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
     assert _rel(two, one) < 2e-3
@@ -165,8 +171,13 @@ def _layer(gen, device, num_experts=32, hidden=512, inter=1280):
 def _count_forks(monkeypatch) -> list:
     """The GPUs the op forked its second chain onto, call by call."""
     forks = []
-    side = w4a16._side_stream
-    monkeypatch.setattr(w4a16, "_side_stream", lambda index, chain: forks.append(index) or side(index, chain))
+    side = w4a16._side_streams
+
+    def spy(index, chains, main):
+        forks.extend([index] * (chains - 1))
+        return side(index, chains, main)
+
+    monkeypatch.setattr(w4a16, "_side_streams", spy)
     return forks
 
 
@@ -207,7 +218,7 @@ def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, gen
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
-@pytest.mark.parametrize("chains", [2, 4])
+@pytest.mark.parametrize("chains", [2, 4, 8])
 def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, gen, device, monkeypatch):
     # A capture with the later chains forked onto their own streams, replayed with one expert active, then every
     # expert of every group, then one expert of the second half only.
@@ -249,11 +260,23 @@ def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, gen, device
         assert _rel(out, want) < 1e-2, routing
 
 
+def test_the_chains_streams_differ_from_the_callers_and_from_one_another(device, monkeypatch):
+    # A cached stream that happens to be the caller's (torch's pool of 32 comes round) is replaced, not forked onto
+    _gpu(device)
+    main = torch.cuda.current_stream(device)
+    index = main.device.index
+    monkeypatch.setattr(w4a16, "_SIDE_STREAMS", {(index, 1): main, (index, 2): main})
+    streams = w4a16._side_streams(index, 4, main)
+    assert len(streams) == 3 and main not in streams
+    assert len({s.cuda_stream for s in streams}) == 3
+    assert w4a16._side_streams(index, 4, main) == streams  # made once
+
+
 def test_a_chunked_size_keeps_one_chain(gen, device, monkeypatch):
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     forks = []
-    monkeypatch.setattr(w4a16, "_side_stream", lambda index, chain: forks.append(index))
+    monkeypatch.setattr(w4a16, "_side_streams", lambda index, chains, main: forks.append(index) or [])
     assert w4a16_plan.expert_groups(CHUNKED_ROUTE_PAIRS, 32, 32, False, 1) == 1
     _, weights = _layer(gen, device, num_experts=8, hidden=256, inter=128)
     tokens = CHUNKED_ROUTE_PAIRS // 2

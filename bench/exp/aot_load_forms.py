@@ -67,11 +67,12 @@ def _dot_desc(acc, w, s, x0, x1, x2, x3, DTYPE: tl.constexpr, LAYOUT: tl.constex
     acc = tl.dot(w2, x2, acc)
     return tl.dot(w3, x3, acc)
 
-
-# The GEMM kernels' shared prologue"""
+"""
+# the helpers go in before the first kernel-private function of the copied module
+ANCHOR = "\n@triton.jit\ndef _permuted_column"
 
 LOOP = """    for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         acc_g = nvfp4_dot(
             acc_g, wg_rows, sg_rows, x0, x1, x2, x3, k0, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER
         )
@@ -87,7 +88,7 @@ DESCRIPTORS = """    rows_all = (stride_we // stride_wn) * 64  # E * 2I rows, E 
     rowg = (expert * (stride_we // stride_wn) + gate_row0 + pid_n * BLOCK_N).to(tl.int32)
     rowu = (expert * (stride_we // stride_wn) + up_row0 + pid_n * BLOCK_N).to(tl.int32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, INTERPRETER)
+        x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)
         DT: tl.constexpr = x0.dtype
 """
 
@@ -121,10 +122,10 @@ def slug(name: str) -> str:
 
 def variant_module(name: str, loop: str, folder: Path):
     src = KERNELS.read_text()
-    for anchor in ("\n# The GEMM kernels' shared prologue", LOOP):
+    for anchor in (ANCHOR, LOOP):
         if anchor not in src:
             raise SystemExit(f"the kernel source changed: {anchor[:60]!r} not found; update this probe")
-    src = src.replace("\n# The GEMM kernels' shared prologue", HELPERS, 1).replace(LOOP, loop, 1)
+    src = src.replace(ANCHOR, HELPERS + ANCHOR, 1).replace(LOOP, loop, 1)
     path = folder / f"gemm1_{slug(name)}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -152,7 +153,8 @@ def k_loop(sass: str) -> list[str]:
 
 def probe(name: str, fn, cfg: GemmConfig, form: dict, folder: Path) -> dict:
     consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_K": True,
-              "INTERPRETER": False, "LAYOUT": 2, "PDL": True, "BLOCKS_LAST": False, **form}  # fmt: skip
+              "INTERPRETER": False, "LAYOUT": 2, "PDL": True, "BLOCKS_LAST": False, "READY": False, "STREAM": False,
+              **form}  # fmt: skip
     k = compile_for_target(fn, consts, cfg, 90, w4a16_tiles._POINTERS, w4a16_tiles._NOT_DIVISIBLE)
     cubin = folder / f"{slug(name)}_{cfg.label}.cubin"
     cubin.write_bytes(k.asm["cubin"])

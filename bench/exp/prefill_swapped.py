@@ -23,14 +23,9 @@ import triton.language as tl
 from decode_cases import cached_config, generator
 
 from sglang_glm5 import bench_real, routing
+from sglang_glm5.kernels.moe_common import block_pairs, expert_rows, round_to, tile_columns
 from sglang_glm5.kernels.nvfp4_decode import load_quarters, weight_tile
-from sglang_glm5.kernels.nvfp4_moe import (
-    _permuted_column,
-    block_pairs,
-    expert_rows,
-    round_to,
-    tile_columns,
-)
+from sglang_glm5.kernels.nvfp4_moe import _permuted_column
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.testing import random_layer
 from sglang_glm5.tiles import GemmConfig

@@ -25,6 +25,7 @@ for tokens in (2, 64):
         for chains in (1, 2, 4):
             w4a16_plan.TWO_CHAINS_TOKENS_PER_EXPERT = (0.0, float("inf")) if chains > 1 else None
             w4a16_plan.CHAINS = max(chains, 2)
+            w4a16_plan.CHAINS_MULTI_TILE_GEMM2 = True  # H = I = 512: gemm2 may walk several N tiles a program
             try:
                 got = fused_moe(x.cuda(), weights, w.cuda(), ids.cuda(), check_ids=False, num_global_experts=256,
                                 config=cfg)  # fmt: skip

@@ -259,11 +259,20 @@ _EXPERT_TENSORS = ("w13", "w13_scale", "w13_scale_2", "w2", "w2_scale", "w2_scal
 _SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
-def _side_stream(index: int, chain: int) -> torch.cuda.Stream:
-    """The stream of chain ``chain`` >= 1 of ``w4a16_plan.expert_groups`` on GPU ``index``, made once."""
-    if (index, chain) not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index, chain] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index, chain]
+def _side_streams(index: int, chains: int, main: torch.cuda.Stream) -> list[torch.cuda.Stream]:
+    """The streams of chains 1 .. chains - 1 of ``w4a16_plan.expert_groups`` on GPU ``index``, made once, each other
+    than ``main`` and than one another: torch hands streams out of a pool of 32 in turn, so a stream made here may be
+    one the caller runs on (a graph capture's, say), and the chains would then run one after the other (still right)."""
+    streams: list[torch.cuda.Stream] = []
+    for chain in range(1, chains):
+        stream = _SIDE_STREAMS.get((index, chain))
+        for _ in range(64):  # the pool comes round after 32
+            if stream is not None and stream != main and stream not in streams:
+                break
+            stream = torch.cuda.Stream(device=index)
+        _SIDE_STREAMS[index, chain] = stream
+        streams.append(stream)
+    return streams
 
 
 def _expert_group(weights, first: int, count: int):
@@ -324,8 +333,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     flat_weights = topk_weights.reshape(-1).contiguous()
     # each later chain's stream (the interpreter runs the chains one after the other)
-    sides = ([None] + [_side_stream(index, g) for g in range(1, groups)]) if groups > 1 and not interpret else None
-    main = torch.cuda.current_stream(device) if sides else None
+    main = torch.cuda.current_stream(device) if groups > 1 and not interpret else None
+    sides = [None, *_side_streams(index, groups, main)] if main is not None else None
 
     def on_chain(group: int):
         return torch.cuda.stream(sides[group]) if group and sides else contextlib.nullcontext()
