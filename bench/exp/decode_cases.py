@@ -36,6 +36,14 @@ def floor_ms(inputs, layout: bench_real.Layout, bandwidth: float) -> float:
     return touched * layout.expert_bytes / bandwidth * 1e3
 
 
+def line_ms(batch: int, floor: float) -> float | None:
+    """The time a step may take by issue 15's lines (H200), in ms, from its touched-experts floor (ms): up to B = 16
+    the larger of 0.020 ms and floor / 0.6; B = 32-256 floor / 0.75 (75% of it); None above."""
+    if batch <= 16:
+        return max(0.020, floor / 0.6)
+    return floor / 0.75 if batch <= 256 else None
+
+
 def cases(gen: torch.Generator, batches):
     """For EP8 then TP8 and each B: (layout name, layout, two copies of the layer as the plugin keeps it, B,
     ``bench_real.ROUTINGS`` inputs (x [B, H] bf16, topk_weights, topk_ids) at real routing)."""
@@ -118,11 +126,13 @@ def compare_variants(
                       zip(outs[v], outs[first], strict=True)) for v in variants}  # fmt: skip
         floor = floor_ms(inputs, layout, bw)
         med = {v: statistics.median(t) for v, t in times.items()}
-        rows.append({"layout": layout_name, "batch": batch, "floor_ms": floor, "ms": times, "kernels_us": kernels,
-                     "bit_identical": same, "rel_diff": rel})  # fmt: skip
+        line = line_ms(batch, floor)
+        rows.append({"layout": layout_name, "batch": batch, "floor_ms": floor, "line_ms": line, "ms": times,
+                     "kernels_us": kernels, "bit_identical": same, "rel_diff": rel})  # fmt: skip
         cells = " | ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f}"
                            f"{'' if same[v] else f', rel diff {rel[v]:.1e}'})" for v in variants)  # fmt: skip
-        print(f"{layout_name} B={batch:4d} floor {floor * 1e3:6.1f} us | {cells}", flush=True)
+        line_cell = f" line {line * 1e3:6.1f} us" if line else ""
+        print(f"{layout_name} B={batch:4d} floor {floor * 1e3:6.1f} us{line_cell} | {cells}", flush=True)
         for v, ks in kernels.items():
             print(f"    {v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())), flush=True)
     (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
