@@ -3,8 +3,9 @@
 Checks: where the package is imported from, GPU and target profile, SGLang / torch / Triton versions
 against the tested ones, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin found through
 the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user config
-caches (entries per file, broken files), and the op against the float64
-reference on the GPU. Exit status 1 when any check fails. Nothing heavy is imported at module level.
+caches (entries per file, broken files), on the GPU the tiles its op may launch through the op's decode check
+(ahead-of-time compiles under the installed Triton), and the op against the float64 reference on the GPU.
+Exit status 1 when any check fails. Nothing heavy is imported at module level.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def add_cli(subparsers) -> None:
         description="One line per check; exit status 1 when any check fails.",
     )
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (a machine without a GPU)")
+    p.add_argument(
+        "--no-tiles",
+        action="store_true",
+        help="skip compiling the tiles the op may launch for the decode check (minutes the first time)",
+    )
     p.set_defaults(func=run)
 
 
@@ -178,6 +184,47 @@ def check_cache() -> list[tuple[str, str]]:
     return lines
 
 
+def check_tiles(no_gpu: bool, skip: bool) -> list[tuple[str, str]]:
+    """The W4A16 Triton tiles this GPU's op may launch (its cache entries, ``autotune.ConfigCache``, and the
+    heuristic's) compiled ahead of time for its architecture under the installed Triton, through the decode check the
+    op applies at each kernel's first launch (``variants.w4a16_pairs``): a tile it refuses would stop a server at its
+    first call of that size, which this reports before serving. Compiles are memoized
+    ($SGLANG_GLM5_CACHE_DIR/aot_shared.json)."""
+    import torch
+
+    if skip:
+        return [(SKIP, "tiles: --no-tiles")]
+    if no_gpu or not torch.cuda.is_available():
+        return [(SKIP, "tiles: needs the GPU that will serve (the tiles its op reads for its architecture)")]
+    import triton
+
+    from sglang_glm5 import autotune, hardware, variants
+    from sglang_glm5.patches import guard
+    from sglang_glm5.variants import w4a16_tiles
+
+    target = hardware.detect()
+    variant = variants.get("w4a16")
+    if not variant.runs_on(target.arch):
+        return [(SKIP, f"tiles: the W4A16 kernels do not run on {target.sm}")]
+    fields = {variant.key_kernel(k): k for k in variant.kernels}
+    entries = {key: entry.config for key, entry in autotune.ConfigCache(target).entries.items()}
+    tiles = w4a16_tiles.launchable_tiles(entries, fields)
+    print(f"[ .. ] tiles: compiling {len(tiles)} W4A16 tiles for {target.sm} (memoized; minutes the first time)",
+          flush=True)  # fmt: skip
+    try:
+        verdicts = w4a16_tiles.compiled_shared_bytes_many(tiles, target)
+    except RuntimeError as e:
+        return [(FAIL, f"tiles: an ahead-of-time compile failed under Triton {triton.__version__}: {e}")]
+    refused = [f"{k} {c.label}" for (k, c), v in zip(tiles, verdicts, strict=True) if isinstance(v, str)]
+    if refused:
+        return [(FAIL, f"tiles: under Triton {triton.__version__} the op would refuse {len(refused)} of {len(tiles)} "
+                 f"tiles at their first launch (a register's two weight words under two scale blocks): "
+                 f"{', '.join(refused)}; `sglang-glm5 tune --target local` picks others for the cache (tested "
+                 f"Triton: {', '.join(guard.TESTED_TRITON_VERSIONS)})")]  # fmt: skip
+    return [(OK, f"tiles: the {len(tiles)} W4A16 tiles this GPU's op may launch decode under their own block scales "
+             f"({target.sm}, Triton {triton.__version__})")]  # fmt: skip
+
+
 def check_op(no_gpu: bool) -> tuple[str, str]:
     import torch
 
@@ -208,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         check_env,
         check_plugin,
         check_cache,
+        lambda: check_tiles(args.no_gpu, args.no_tiles),
         lambda: [check_op(args.no_gpu)],
     ]
     failures = 0

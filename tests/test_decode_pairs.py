@@ -4,14 +4,13 @@ and from ahead-of-time compiles for sm_90 and sm_120 (no GPU)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from sglang_glm5 import tuner
+from sglang_glm5 import tuner, variants
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16_pairs, w4a16_tiles
@@ -92,15 +91,14 @@ def test_every_shipped_h200_entry_and_the_heuristic_decode_under_their_own_scale
     # The Triton forms of every tile the op may run on sm_90 from the shipped cache (the Gluon kernels lay out their
     # own decode) and the heuristic's tiles on both targets
     path = Path(str(resources.files("sglang_glm5.configs"))) / "autotune" / "h200.json"
-    entries = json.loads(path.read_text())["entries"]
-    # the Triton tile of each entry: the Gluon marks and the split plans change no Triton form (the Gluon kernels, which
-    # lay out their own decode, are not compiled here)
-    items = {(key.split("|")[2].split(".")[0], GemmConfig(**e["config"])) for key, e in entries.items()}
-    plain = dict(gluon=False, producer=False, gate_then_up=False, programs_per_sm=0, split_k=0)
-    items = sorted({(kernel, dataclasses.replace(cfg, **plain)) for kernel, cfg in items}, key=str)
-    heuristic = sorted({(k, getattr(w4a16_tiles.heuristic_config(m), k)) for m in (1 / 32, 1, 16, 32, 64, 128, 4096)
-                        for k in w4a16_tiles.KERNELS}, key=str)  # fmt: skip
-    for target, checked in ((TARGETS["h200"], items + heuristic), (TARGETS["rtx-pro-6000"], heuristic)):
+    entries = {key: GemmConfig(**e["config"]) for key, e in json.loads(path.read_text())["entries"].items()}
+    variant = variants.get("w4a16")
+    fields = {variant.key_kernel(k): k for k in w4a16_tiles.KERNELS}
+    items = w4a16_tiles.launchable_tiles(entries, fields)
+    assert len(items) > len(w4a16_tiles.launchable_tiles({}, fields)), "the shipped entries add tiles to the check"
+    assert all(not c.gluon and not c.programs_per_sm for _, c in items), "plain Triton forms"
+    heuristic = w4a16_tiles.launchable_tiles({}, fields)
+    for target, checked in ((TARGETS["h200"], items), (TARGETS["rtx-pro-6000"], heuristic)):
         verdicts = w4a16_tiles.compiled_shared_bytes_many(checked, target)
         refused = [(k, c.label, v) for (k, c), v in zip(checked, verdicts, strict=True) if isinstance(v, str)]
         assert not refused, refused

@@ -6,7 +6,9 @@ source); the tests check on samples that the model never calls feasible a config
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Mapping
 
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, wgmma_from_registers
 from sglang_glm5.nvfp4 import LAYOUTS
@@ -36,6 +38,26 @@ def one_k_step_runs(cfg: GemmConfig, n: int, k: int) -> bool:
     """Whether gemm2 of N = ``n`` (H) and K = ``k`` (I) can run ``cfg`` in its one-K-step form: K within one step and
     two N tiles or more (it takes several a program)."""
     return k <= cfg.block_k and n > cfg.block_n
+
+
+# Tokens per expert at which the decode check (``launchable_tiles``) takes the heuristic's tiles: every rule it has
+# (decode splits, 1 to 16 tokens, the busy and the prefill tiles).
+HEURISTIC_CHECK_BUCKETS = (1 / 32, 1, 16, 32, 64, 128, 4096)
+
+
+def launchable_tiles(
+    entries: Mapping[str, GemmConfig], key_kernels: Mapping[str, str], heuristic_buckets=HEURISTIC_CHECK_BUCKETS
+) -> list[tuple[str, GemmConfig]]:
+    """The Triton GEMM tiles the op may launch from cache ``entries`` (key -> config) whose kernel field is one of
+    ``key_kernels`` (field, as ``KernelVariant.key_kernel`` writes it -> kernel), and the heuristic's at
+    ``heuristic_buckets``: what the decode check (``w4a16_pairs``, through ``compiled_shared_bytes_many``) has to pass.
+    Each in its plain Triton form: the Gluon marks and the split plans change no Triton form, and the Gluon kernels
+    lay out their own decode. Distinct and sorted."""
+    plain = dict(gluon=False, producer=False, gate_then_up=False, programs_per_sm=0, split_k=0)
+    tiles = {(key_kernels[field], dataclasses.replace(cfg, **plain)) for key, cfg in entries.items()
+             if (field := key.split("|")[2]) in key_kernels}  # fmt: skip
+    tiles |= {(k, getattr(heuristic_config(m), k)) for m in heuristic_buckets for k in KERNELS}
+    return sorted(tiles, key=str)
 
 
 def heuristic_config(tokens_per_expert: float) -> MoeConfig:
