@@ -337,6 +337,10 @@ def _time_candidates(
         t0 = time.perf_counter()
         try:
             ms = bench(kernel, cfg, bucket)
+        except variants.DecodeRefused as e:  # the launch's decode check (the AOT step normally refuses it first)
+            report.pruned_by_decode += 1
+            say(f"{prefix}[{i + 1}/{len(candidates)}] {cfg.label}: {str(e)[:200]} (skipped)")
+            continue
         except Exception as e:  # noqa: BLE001 - a launch failure (resources, compiler) skips the candidate
             lines = str(e).strip().splitlines()
             failure = f"{cfg.label}: {type(e).__name__}: {lines[-1] if lines else ''}"

@@ -4,6 +4,7 @@ and from ahead-of-time compiles for sm_90 and sm_120 (no GPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
@@ -113,10 +114,33 @@ class _Compiled:
 
 def test_the_op_refuses_a_launched_kernel_that_pairs_two_blocks():
     bad, good = _Compiled(CASES[3][0]), _Compiled(CASES[0][0])
-    with pytest.raises(RuntimeError, match="neighbouring block's scale"):
+    with pytest.raises(variants.DecodeRefused, match="neighbouring block's scale") as refused:
         w4a16_pairs.refuse_wrong_pairs(bad, 2, "gemm1 16x64x64-w4-s2")
+    assert str(refused.value).startswith(variants.DECODE_REFUSED) and isinstance(refused.value, RuntimeError)
     with pytest.raises(RuntimeError):  # read once, remembered
         w4a16_pairs.refuse_wrong_pairs(bad, 2, "gemm1 16x64x64-w4-s2")
     w4a16_pairs.refuse_wrong_pairs(good, 2, "gemm1 16x64x256-w4-s3")
     w4a16_pairs.refuse_wrong_pairs(bad, 0, "the checkpoint layout")  # a scale per word: nothing to check
     w4a16_pairs.refuse_wrong_pairs(None, 2, "the interpreter")  # no compiled kernel to read
+
+
+def test_the_tuner_counts_a_launch_the_decode_check_refuses_with_the_decodes(fresh_cache):
+    # A candidate whose launch raises the decode's refusal (another Triton at the GPU than at the AOT step, say) is
+    # skipped and counted with the decode's refusals, not the compiler's
+    space = [GemmConfig(16, 64, 128, num_warps=4, num_stages=2), GemmConfig(16, 128, 128, num_warps=4, num_stages=2)]
+    variant = dataclasses.replace(variants.get("w4a16"), search_space=lambda bucket: space)
+
+    refused = []
+
+    def bench(kernel, cfg, bucket):
+        if cfg.block_n == 128:  # the tile and any form of it the tuner also times
+            refused.append((kernel, cfg))
+            raise variants.DecodeRefused(f"{variants.DECODE_REFUSED}{kernel} {cfg.label}: pairs two blocks")
+        return 1.0
+
+    from sglang_glm5.shapes import MoeShape
+
+    entries, report = tuner.tune(TARGETS["h200"], MoeShape(8, 256, 256), [16], bench, variant=variant)
+    assert {k for k, _ in refused} == {"gemm1", "gemm2"}
+    assert (report.pruned_by_decode, report.pruned_by_compiler) == (len(refused), 0), report.summary()
+    assert all(e.config.block_n == 64 for e in entries.values())

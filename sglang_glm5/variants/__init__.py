@@ -27,6 +27,11 @@ Bucket = int | Fraction
 DECODE_REFUSED = "decode: "
 
 
+class DecodeRefused(RuntimeError):
+    """Raised by a family's launch when a compiled kernel's decode would compute wrong values (its message starts with
+    ``DECODE_REFUSED``): the tuner counts such a candidate with the decode's refusals."""
+
+
 def resolve(ref: str) -> Callable:
     """'module:function' -> the function (imported now: such fields name code that needs torch or a GPU)."""
     module, _, name = ref.partition(":")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from sglang_glm5.variants import DECODE_REFUSED, DecodeRefused
+
 # The layouts whose decode asm takes one scale code for two words (nvfp4.LAYOUTS: "kernel", "kernel_wgmma").
 PAIRED_LAYOUTS = (1, 2)
 # The decode asm ops that take scale codes: their PTX turns the code into a scale with one multiply-add.
@@ -99,9 +101,10 @@ _CHECKED: dict[int, str | None] = {}  # id of a compiled kernel (kept by Triton'
 
 
 def refuse_wrong_pairs(compiled, layout: int, what: str) -> None:
-    """Raise RuntimeError when ``compiled`` (what ``kernel[grid](...)`` returned: Triton's compiled kernel; None or
-    without TTGIR in the interpreter) decodes some register's two words under two scale blocks of ``layout``; each
-    compiled kernel is read once. The launch has run: the caller raises before returning what it wrote."""
+    """Raise ``variants.DecodeRefused`` (a RuntimeError) when ``compiled`` (what ``kernel[grid](...)`` returned:
+    Triton's compiled kernel; None or without TTGIR in the interpreter) decodes some register's two words under two
+    scale blocks of ``layout``; each compiled kernel is read once. The launch has run: the caller raises before
+    returning what it wrote."""
     asm = getattr(compiled, "asm", None)
     if layout not in PAIRED_LAYOUTS or not asm or "ttgir" not in asm:
         return
@@ -109,5 +112,7 @@ def refuse_wrong_pairs(compiled, layout: int, what: str) -> None:
     if key not in _CHECKED:
         _CHECKED[key] = wrong_pairs(asm["ttgir"], layout)
     if _CHECKED[key]:
-        raise RuntimeError(f"{what}: this tile's compiled decode would apply a neighbouring block's scale to half the "
-                           f"weights ({_CHECKED[key]}); use another tile (tune refuses this one)")  # fmt: skip
+        raise DecodeRefused(
+            f"{DECODE_REFUSED}{what}: this tile's compiled decode would apply a neighbouring block's scale to half the "
+            f"weights ({_CHECKED[key]}); use another tile (tune refuses this one)"
+        )
