@@ -206,9 +206,8 @@ def check_tiles(no_gpu: bool, skip: bool) -> list[tuple[str, str]]:
     variant = variants.get("w4a16")
     if not variant.runs_on(target.arch):
         return [(SKIP, f"tiles: the W4A16 kernels do not run on {target.sm}")]
-    fields = {variant.key_kernel(k): k for k in variant.kernels}
     entries = {key: entry.config for key, entry in autotune.ConfigCache(target).entries.items()}
-    tiles = w4a16_tiles.launchable_tiles(entries, fields)
+    tiles = w4a16_tiles.launchable_tiles(entries, variant)
     print(f"[ .. ] tiles: compiling {len(tiles)} W4A16 tiles for {target.sm} (memoized; minutes the first time)",
           flush=True)  # fmt: skip
     try:

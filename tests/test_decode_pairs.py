@@ -13,6 +13,7 @@ import pytest
 
 from sglang_glm5 import tuner, variants
 from sglang_glm5.hardware import TARGETS
+from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig
 from sglang_glm5.variants import w4a16_pairs, w4a16_tiles
 
@@ -94,11 +95,9 @@ def test_every_shipped_h200_entry_and_the_heuristic_decode_under_their_own_scale
     path = Path(str(resources.files("sglang_glm5.configs"))) / "autotune" / "h200.json"
     entries = {key: GemmConfig(**e["config"]) for key, e in json.loads(path.read_text())["entries"].items()}
     variant = variants.get("w4a16")
-    fields = {variant.key_kernel(k): k for k in w4a16_tiles.KERNELS}
-    items = w4a16_tiles.launchable_tiles(entries, fields)
-    assert len(items) > len(w4a16_tiles.launchable_tiles({}, fields)), "the shipped entries add tiles to the check"
+    items, heuristic = w4a16_tiles.launchable_tiles(entries, variant), w4a16_tiles.launchable_tiles({}, variant)
+    assert len(items) > len(heuristic), "the shipped entries add tiles to the check"
     assert all(not c.gluon and not c.programs_per_sm for _, c in items), "plain Triton forms"
-    heuristic = w4a16_tiles.launchable_tiles({}, fields)
     for target, checked in ((TARGETS["h200"], items), (TARGETS["rtx-pro-6000"], heuristic)):
         verdicts = w4a16_tiles.compiled_shared_bytes_many(checked, target)
         refused = [(k, c.label, v) for (k, c), v in zip(checked, verdicts, strict=True) if isinstance(v, str)]
@@ -137,8 +136,6 @@ def test_the_tuner_counts_a_launch_the_decode_check_refuses_with_the_decodes(fre
             refused.append((kernel, cfg))
             raise variants.DecodeRefused(f"{variants.DECODE_REFUSED}{kernel} {cfg.label}: pairs two blocks")
         return 1.0
-
-    from sglang_glm5.shapes import MoeShape
 
     entries, report = tuner.tune(TARGETS["h200"], MoeShape(8, 256, 256), [16], bench, variant=variant)
     assert {k for k, _ in refused} == {"gemm1", "gemm2"}

@@ -92,8 +92,7 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     # per-pair outputs, one top-k sum), through the interpreter on the CPU (on a GPU: streams, the tests below too).
     # Ids in the first and last groups and remote ones; I = 1280 so that gemm2 walks one N tile a program.
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
-    layer = random_layer(8, 128, 1280, gen)
-    weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+    layer, weights = _layer(gen, device, num_experts=8, hidden=128)
     x = torch.randn(3, 128, generator=gen).bfloat16()
     w, ids = random_routing(3, 8, 2, gen, remote_fraction=0.25)
     ids[0] = torch.tensor([1, 6], dtype=ids.dtype)
@@ -122,8 +121,7 @@ def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, devi
 
     tile = GemmConfig(16, 64, 128)
     monkeypatch.setattr(w4a16_plan, "sm_count", lambda index: 1)
-    layer = random_layer(8, 1024, 256, gen)
-    weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+    layer, weights = _layer(gen, device, num_experts=8, hidden=1024, inter=256)
     x = torch.randn(3, 1024, generator=gen).bfloat16()
     w, ids = random_routing(3, 8, 4, gen, remote_fraction=0.5)
     ids[0, :2] = torch.tensor([2, 5], dtype=ids.dtype)  # one expert in each half

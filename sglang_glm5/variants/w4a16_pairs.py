@@ -57,10 +57,10 @@ def _linear_pairs(definition: str, rows: int, cols: int) -> list[tuple[tuple[int
     pairs = []
     for other in itertools.product((0, 1), repeat=len(others)):
         fixed = [b for b, on in zip(others, other, strict=True) if on]
-        for high in itertools.product((0, 1), repeat=max(0, len(registers) - 1)):
+        for high in itertools.product((0, 1), repeat=len(registers) - 1):
             rest = [b for b, on in zip(registers[1:], high, strict=True) if on]
             first = coordinate(fixed + rest)
-            second = coordinate(fixed + rest + registers[:1]) if registers else first
+            second = coordinate(fixed + rest + registers[:1])
             pairs.append((first, second))
     return pairs
 

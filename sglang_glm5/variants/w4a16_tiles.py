@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, wgmma_from_registers
 from sglang_glm5.nvfp4 import LAYOUTS
 from sglang_glm5.tiles import GemmConfig, MoeConfig, compile_for_target
-from sglang_glm5.variants import DECODE_REFUSED, w4a16_gluon, w4a16_pairs
+from sglang_glm5.variants import DECODE_REFUSED, KernelVariant, w4a16_gluon, w4a16_pairs
 
 KERNELS = ("gemm1", "gemm2")
 
@@ -46,13 +46,14 @@ HEURISTIC_CHECK_BUCKETS = (1 / 32, 1, 16, 32, 64, 128, 4096)
 
 
 def launchable_tiles(
-    entries: Mapping[str, GemmConfig], key_kernels: Mapping[str, str], heuristic_buckets=HEURISTIC_CHECK_BUCKETS
+    entries: Mapping[str, GemmConfig], variant: KernelVariant, heuristic_buckets=HEURISTIC_CHECK_BUCKETS
 ) -> list[tuple[str, GemmConfig]]:
-    """The Triton GEMM tiles the op may launch from cache ``entries`` (key -> config) whose kernel field is one of
-    ``key_kernels`` (field, as ``KernelVariant.key_kernel`` writes it -> kernel), and the heuristic's at
-    ``heuristic_buckets``: what the decode check (``w4a16_pairs``, through ``compiled_shared_bytes_many``) has to pass.
-    Each in its plain Triton form: the Gluon marks and the split plans change no Triton form, and the Gluon kernels
-    lay out their own decode. Distinct and sorted."""
+    """The Triton GEMM tiles the op may launch from cache ``entries`` (key -> config) of the W4A16 ``variant``'s
+    current revision (the kernel field its ``key_kernel`` writes), and the heuristic's at ``heuristic_buckets``: what
+    the decode check (``w4a16_pairs``, through ``compiled_shared_bytes_many``) has to pass. Each in its plain Triton
+    form: the Gluon marks and the split plans change no Triton form, and the Gluon kernels lay out their own decode.
+    Distinct and sorted."""
+    key_kernels = {variant.key_kernel(k): k for k in KERNELS}
     plain = dict(gluon=False, producer=False, gate_then_up=False, programs_per_sm=0, split_k=0)
     tiles = {(key_kernels[field], dataclasses.replace(cfg, **plain)) for key, cfg in entries.items()
              if (field := key.split("|")[2]) in key_kernels}  # fmt: skip
