@@ -94,7 +94,8 @@ def compare_variants(
     kernel's device time, whether the outputs are bit-identical to the reference's and their largest relative
     difference. ``bundles_for(variant, bundles)``, if given, returns the layer copies a variant times (the same
     weights in another layout, say); by default every variant times the case's. Prints a line per case and
-    writes ``out/name.json``. The last variant's setup stays in force: callers restore what they changed."""
+    writes ``out/name.json`` (after each case). The last variant's setup stays in force: callers restore what they
+    changed."""
     import json
     import statistics
 
@@ -135,7 +136,8 @@ def compare_variants(
         print(f"{layout_name} B={batch:4d} floor {floor * 1e3:6.1f} us{line_cell} | {cells}", flush=True)
         for v, ks in kernels.items():
             print(f"    {v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())), flush=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        # rewritten after every case, so that a device call cut short by its time limit keeps the cases it finished
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
 
 
