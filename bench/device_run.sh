@@ -21,9 +21,12 @@ cd "$PKG"
   python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 STEPS=${STEPS:-tests,selfcheck,bench}
+# STEP_LIMIT_S: seconds each test, experiment and bench command may run (coreutils timeout), so that one slow step does
+# not take a device call's whole time limit from the steps after it; unset: no limit.
+LIMIT=(); [[ -n ${STEP_LIMIT_S:-} ]] && LIMIT=(timeout "$STEP_LIMIT_S")
 rc=0
 if [[ $STEPS == *tests* ]]; then
-  SGLANG_GLM5_TEST_DEVICE=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/test_moe.py tests/test_split_k.py \
+  SGLANG_GLM5_TEST_DEVICE=cuda "${LIMIT[@]}" python3 -m pytest -q -rs -p no:cacheprovider tests/test_moe.py tests/test_split_k.py \
     tests/test_nvfp4.py tests/test_prefill.py tests/test_weight_layout.py tests/test_gluon.py \
     tests/test_ready_blocks.py tests/test_two_chains.py 2>&1 \
     | tee "$OUT/pytest_cuda.log" | tail -15 || rc=1
@@ -40,7 +43,7 @@ if [[ $STEPS == *exp* ]]; then
   IFS=, read -ra scripts <<< "${EXP:?EXP=path of the experiment script}"
   for script in "${scripts[@]}"; do
     log=exp.log; (( ${#scripts[@]} > 1 )) && log="exp_$(basename "$script" .py).log"
-    python3 "$script" "$OUT" 2>&1 | tee "$OUT/$log" || rc=1
+    "${LIMIT[@]}" python3 "$script" "$OUT" 2>&1 | tee "$OUT/$log" || rc=1
   done
 fi
 if [[ $STEPS == *tune* ]]; then
@@ -55,10 +58,10 @@ if [[ $STEPS == *bench* ]]; then
   # Decode at real routing (the default), then the balanced-m table; named after the GPU (h200_moe_bench, ...) unless
   # BENCH_NAME says otherwise.
   BENCH_NAME=${BENCH_NAME:-$(python3 -c "from sglang_glm5.hardware import detect; print(detect(0).name)")_moe_bench}
-  python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME}_real" --seed "${BENCH_SEED:-1}" \
+  "${LIMIT[@]}" python3 -m sglang_glm5.cli bench --out "$OUT" --name "${BENCH_NAME}_real" --seed "${BENCH_SEED:-1}" \
     ${BENCH_ARGS:-} 2>&1 \
     | tee "$OUT/bench_real.log" || rc=1
-  python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
+  "${LIMIT[@]}" python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
     --name "$BENCH_NAME" 2>&1 | tee "$OUT/bench.log" || rc=1
 fi
 if [[ $STEPS == *base* && -d "$REPO/.base" ]]; then
