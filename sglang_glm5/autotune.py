@@ -153,6 +153,18 @@ def owned_key(who: str, kernel: str, enk: tuple[int, int, int], bucket: Bucket,
     return f"{who}|{field}|E={e},N={n},K={k}|m={bucket}"
 
 
+def key_owner(key: str) -> str:
+    """An entry key's owner (its first two fields, ``owner``)."""
+    return "|".join(key.split("|")[:2])
+
+
+def key_kernel_field(key: str) -> str:
+    """An entry key's kernel field (``KernelVariant.key_kernel``: the kernel and its family's revision); "" for a key
+    too short to have one."""
+    fields = key.split("|")
+    return fields[2] if len(fields) > 2 else ""
+
+
 @dataclass(frozen=True)
 class Entry:
     config: GemmConfig

@@ -152,7 +152,7 @@ def check_cache() -> list[tuple[str, str]]:
                 continue
             raw = data.get("entries")
             for key in raw if isinstance(raw, dict) else ():
-                owner = "|".join(key.split("|")[:2])
+                owner = autotune.key_owner(key)
                 owners[owner] = owners.get(owner, 0) + 1
         detail = ", ".join(f"{o}: {n}" for o, n in sorted(owners.items()))
         counts.append((name, len(files), sum(owners.values()), detail, folder))
@@ -206,7 +206,7 @@ def check_tiles(no_gpu: bool, skip: bool) -> list[tuple[str, str]]:
     variant = variants.get("w4a16")
     if not variant.runs_on(target.arch):
         return [(SKIP, f"tiles: the W4A16 kernels do not run on {target.sm}")]
-    entries = {key: entry.config for key, entry in autotune.ConfigCache(target).entries.items()}
+    entries = [(autotune.key_kernel_field(key), e.config) for key, e in autotune.ConfigCache(target).entries.items()]
     tiles = w4a16_tiles.launchable_tiles(entries, variant)
     print(f"[ .. ] tiles: compiling {len(tiles)} W4A16 tiles for {target.sm} (memoized; minutes the first time)",
           flush=True)  # fmt: skip

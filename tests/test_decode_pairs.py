@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_glm5 import tuner, variants
+from sglang_glm5 import autotune, tuner, variants
 from sglang_glm5.hardware import TARGETS
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import GemmConfig
@@ -93,9 +93,10 @@ def test_every_shipped_h200_entry_and_the_heuristic_decode_under_their_own_scale
     # The Triton forms of every tile the op may run on sm_90 from the shipped cache (the Gluon kernels lay out their
     # own decode) and the heuristic's tiles on both targets
     path = Path(str(resources.files("sglang_glm5.configs"))) / "autotune" / "h200.json"
-    entries = {key: GemmConfig(**e["config"]) for key, e in json.loads(path.read_text())["entries"].items()}
+    raw = json.loads(path.read_text())["entries"]
+    entries = [(autotune.key_kernel_field(key), GemmConfig(**e["config"])) for key, e in raw.items()]
     variant = variants.get("w4a16")
-    items, heuristic = w4a16_tiles.launchable_tiles(entries, variant), w4a16_tiles.launchable_tiles({}, variant)
+    items, heuristic = w4a16_tiles.launchable_tiles(entries, variant), w4a16_tiles.launchable_tiles([], variant)
     assert len(items) > len(heuristic), "the shipped entries add tiles to the check"
     assert all(not c.gluon and not c.programs_per_sm for _, c in items), "plain Triton forms"
     for target, checked in ((TARGETS["h200"], items), (TARGETS["rtx-pro-6000"], heuristic)):

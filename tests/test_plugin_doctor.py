@@ -76,7 +76,7 @@ def test_doctor_reports_the_tiles_the_op_would_refuse_before_serving(monkeypatch
 
     monkeypatch.setattr(w4a16_tiles, "compiled_shared_bytes_many", compiled)
     level, text = doctor.check_tiles(no_gpu=False, skip=False)[0]
-    (items, arch), heuristic_only = seen[0], w4a16_tiles.launchable_tiles({}, variants.get("w4a16"))
+    (items, arch), heuristic_only = seen[0], w4a16_tiles.launchable_tiles([], variants.get("w4a16"))
     assert level == doctor.OK and f"the {len(items)} W4A16 tiles" in text and arch == 90, text
     assert len(items) > len(heuristic_only), "the shipped h200 entries are among the tiles checked"
     bad = items[0]

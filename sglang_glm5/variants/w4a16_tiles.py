@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from sglang_glm5.hardware import GpuTarget, keeps_every_stage, wgmma_from_registers
 from sglang_glm5.nvfp4 import LAYOUTS
@@ -46,17 +46,17 @@ HEURISTIC_CHECK_BUCKETS = (1 / 32, 1, 16, 32, 64, 128, 4096)
 
 
 def launchable_tiles(
-    entries: Mapping[str, GemmConfig], variant: KernelVariant, heuristic_buckets=HEURISTIC_CHECK_BUCKETS
+    entries: Iterable[tuple[str, GemmConfig]], variant: KernelVariant, heuristic_buckets=HEURISTIC_CHECK_BUCKETS
 ) -> list[tuple[str, GemmConfig]]:
-    """The Triton GEMM tiles the op may launch from cache ``entries`` (key -> config) of the W4A16 ``variant``'s
-    current revision (the kernel field its ``key_kernel`` writes), and the heuristic's at ``heuristic_buckets``: what
+    """The Triton GEMM tiles the op may launch from cache ``entries`` ((kernel field, config): the field of each
+    entry's key, ``autotune.key_kernel_field``) of the W4A16 ``variant``'s current revision (the fields its
+    ``key_kernel`` writes), and the heuristic's at ``heuristic_buckets``: what
     the decode check (``w4a16_pairs``, through ``compiled_shared_bytes_many``) has to pass. Each in its plain Triton
     form: the Gluon marks and the split plans change no Triton form, and the Gluon kernels lay out their own decode.
     Distinct and sorted."""
     key_kernels = {variant.key_kernel(k): k for k in KERNELS}
     plain = dict(gluon=False, producer=False, gate_then_up=False, programs_per_sm=0, split_k=0)
-    tiles = {(key_kernels[field], dataclasses.replace(cfg, **plain)) for key, cfg in entries.items()
-             if (field := key.split("|")[2]) in key_kernels}  # fmt: skip
+    tiles = {(key_kernels[field], dataclasses.replace(cfg, **plain)) for field, cfg in entries if field in key_kernels}
     tiles |= {(k, getattr(heuristic_config(m), k)) for m in heuristic_buckets for k in KERNELS}
     return sorted(tiles, key=str)
 
