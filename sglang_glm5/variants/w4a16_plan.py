@@ -103,12 +103,12 @@ RESIDENT_AIM_MAX_BUCKET = 8
 TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 # Chains in that span: the local experts in CHAINS equal groups, one chain each, the first on the caller's stream and
 # the others on streams of their own. With CHAIN_SM_SHARE each chain's grids are sized for its share of the SMs (the
-# chains side by side on parts of the GPU) rather than for the whole GPU (the chains filling each other's gaps, as run
-# 48 measured). Two, the whole GPU: the measured setting; more chains, and SM shares, are for
-# ``bench/exp/two_chains.py`` to time (at B = 4 a GLM-5 EP8 rank has about four experts active, each a B = 1 step of
-# 20 us for 5 us of bytes on the H200).
+# chains side by side on parts of the GPU) rather than for the whole GPU (the chains filling each other's gaps).
+# H200, GLM-5 EP8 at real routing, seed 43, against one chain on the same inputs (bench/README.md, run 49): two chains
+# on SM shares 0.964 / 0.930 / 0.920x at B = 4 / 8 / 16, on the whole GPU 0.995 / 0.958 / 0.949x, four chains on SM
+# shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2 (outside the span) 1.06x on SM shares.
 CHAINS = 2
-CHAIN_SM_SHARE = False
+CHAIN_SM_SHARE = True
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
