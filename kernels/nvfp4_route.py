@@ -101,6 +101,8 @@ def moe_align_kernel(
     num_pairs,
     num_experts,
     first_expert,  # an id i is taken as expert i - first_expert (a group of experts routed on its own), else dropped
+    chain,  # with chains > 1: route only the experts whose rank among the active ones is chain modulo chains
+    chains,
     num_blocks,
     num_zero,
     num_rows,  # T (PERMUTE)
@@ -138,7 +140,8 @@ def moe_align_kernel(
                                 WGMMA)  # fmt: skip
     else:
         _route_program(topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs,
-                       num_experts, first_expert, num_blocks, num_zero, e, BLOCK_M, E_PAD, BLOCK)  # fmt: skip
+                       num_experts, first_expert, chain, chains, num_blocks, num_zero, e, BLOCK_M, E_PAD,
+                       BLOCK)  # fmt: skip
 
 
 @triton.jit
@@ -167,9 +170,10 @@ def _route_each_pair(
 @triton.jit
 def _route_program(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, used_blocks_ptr, zero_ptr, num_pairs, num_experts, first_expert,
-    num_blocks, num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    chain, chains, num_blocks, num_zero, e, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Program e (0 .. E) of ``moe_align_kernel``'s routing."""
+    """Program e (0 .. E) of ``moe_align_kernel``'s routing. Of the experts that hold pairs, those whose rank among
+    them is ``chain`` modulo ``chains`` (all of them with one chain): the others count as holding none."""
     _zero_share(zero_ptr, num_zero, e, num_experts + 1, BLOCK)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, num_pairs, BLOCK):
@@ -177,6 +181,8 @@ def _route_program(
         ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1) - first_expert
         ok = (ids >= 0) & (ids < num_experts)
         counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
+    active = (counts > 0).to(tl.int32)
+    counts = tl.where((tl.cumsum(active, axis=0) - 1) % chains == chain, counts, 0)
     offs_e = tl.arange(0, E_PAD)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
@@ -188,7 +194,7 @@ def _route_program(
         for start in range(0, num_pairs, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1) - first_expert
-            hit = (ids == e).to(tl.int32)
+            hit = ((ids == e) & (count > 0)).to(tl.int32)  # an expert of another chain places nothing
             rank = placed + tl.cumsum(hit, axis=0) - 1
             tl.store(sorted_ids_ptr + base + rank, offs.to(tl.int32), mask=hit != 0)
             placed += tl.sum(hit, axis=0)

@@ -187,6 +187,7 @@ def route_pairs(
     layout: str = "checkpoint",
     each_pair: bool = False,
     first_expert: int = 0,
+    chain: tuple[int, int] = (0, 1),
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch (two from
     ``CHUNKED_ROUTE_PAIRS`` pairs: ``route_chunked``).
@@ -206,10 +207,20 @@ def route_pairs(
 
     ``first_expert``: route the group of experts first_expert .. first_expert + E - 1 alone (id i is that group's
     expert i - first_expert; every other id is dropped), in one launch whatever the pair count.
+
+    ``chain`` = (c, n): of the experts that hold pairs, in id order, route every n-th from the c-th alone (ids keep
+    their values; the others' pairs are dropped), in one launch: n such routings share the active experts out as
+    evenly as they go, whichever experts the ids touch. Blocks: the bound for ceil(E / n) experts. Not with
+    ``each_pair``.
     """
     ids = topk_ids.reshape(-1)
     num_pairs = ids.numel()
-    num_blocks = num_blocks_bound(num_pairs, num_experts, block_m)
+    index, chains = chain
+    if not 0 <= index < chains:
+        raise ValueError(f"chain: (c, n) with 0 <= c < n, got {chain}")
+    if chains > 1 and each_pair:
+        raise ValueError("chain: a routing of every n-th active expert sorts; each_pair does not")
+    num_blocks = num_blocks_bound(num_pairs, -(-num_experts // chains), block_m)
     if each_pair and num_pairs > num_experts:  # then num_blocks_bound gives a block per pair (and one more)
         raise ValueError(f"each_pair: at most {num_experts} pairs (the experts), got {num_pairs}")
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
@@ -220,7 +231,7 @@ def route_pairs(
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     rows = permute_rows(num_rows)
     tiles = triton.cdiv(num_rows, rows) * triton.cdiv(x_cols, PERMUTE_K)
-    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl and not first_expert:
+    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl and not first_expert and chains == 1:
         route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows)
         return route
     block, warps = route_block(num_pairs, num_experts)
@@ -236,6 +247,8 @@ def route_pairs(
         num_pairs=num_pairs,
         num_experts=num_experts,
         first_expert=first_expert,
+        chain=index,
+        chains=chains,
         num_blocks=num_blocks,
         num_zero=0 if zero is None else zero.numel(),
         num_rows=num_rows,

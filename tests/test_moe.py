@@ -162,6 +162,38 @@ def test_a_group_of_experts_routes_as_its_own_ids(num_tokens, top_k, experts, fi
     assert int(route.used_blocks.cpu()) == used
 
 
+# Chains over every n-th active expert (``route_pairs(chain=(c, n))``): each routing keeps its experts' own ids and
+# equals the reference's routing of the ids of those experts alone (active[c::n]: the n routings take each pair once).
+# A few tokens (some experts active, where the rank among the active ones matters), many (every expert), n = 3 over 32
+# experts (uneven shares), int64 ids, past the chunked routing's size (one launch still).
+@pytest.mark.parametrize("num_tokens,top_k,experts,chains,block_m,dtype", [
+    (3, 8, 32, 2, 16, torch.int32), (5, 8, 32, 4, 16, torch.int32), (64, 8, 32, 2, 64, torch.int32),
+    (7, 4, 32, 3, 16, torch.int64), (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 16, 2, 16, torch.int32),
+])  # fmt: skip
+def test_chains_over_every_nth_active_expert(num_tokens, top_k, experts, chains, block_m, dtype, gen, device):
+    ids = torch.randint(-1, experts, (num_tokens, top_k), generator=gen).to(dtype)
+    active = torch.unique(ids[ids >= 0])
+    for c in range(chains):
+        mine = torch.isin(ids, active[c::chains])
+        route = route_pairs(ids.to(device), experts, block_m, chain=(c, chains))
+        want = align_pairs_by_expert_reference(torch.where(mine, ids, -1), experts, block_m)
+        blocks = want[1].numel()  # the reference's bound is for every expert; a chain's, for ceil(E / n)
+        assert route.block_expert.numel() <= blocks
+        used = int((want[1] >= 0).sum())
+        assert int(route.used_blocks.cpu()) == used
+        assert torch.equal(route.block_expert.cpu()[:used], want[1][:used])
+        assert torch.equal(route.sorted_ids.cpu()[: used * block_m], want[0][: used * block_m])
+        assert (route.block_expert.cpu()[used:] == -1).all()
+
+
+def test_a_chain_routing_refuses_bad_chains():
+    ids = torch.zeros(2, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="chain"):
+        route_pairs(ids, 32, 16, chain=(2, 2))
+    with pytest.raises(ValueError, match="each_pair"):
+        route_pairs(ids, 32, 16, chain=(0, 2), each_pair=True)
+
+
 # (20, 8, 8, 16): under 32 tokens, the activation layout in tiles of 16 rows, as at chunked-prefill sizes
 @pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [
     (50, 8, 8, 16), (37, 4, 40, 32), (64, 8, 3, 64), (20, 8, 8, 16),

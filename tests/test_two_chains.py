@@ -118,6 +118,35 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     assert _rel(two, one) < CHAINS_APART
 
 
+@pytest.mark.parametrize("chains", [2, 4])
+def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, gen, device, monkeypatch):
+    # Each chain over every n-th active expert (``CHAIN_EXPERTS = "interleaved"``): the whole weights, no group slices,
+    # active experts 1, 2 and 6 of 8 (so that halves would give the first half two and the second one), remote slots.
+    monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", "interleaved")
+    layer, weights = _layer(gen, device, num_experts=8, hidden=128)
+    x = torch.randn(3, 128, generator=gen).bfloat16()
+    w, _ = random_routing(3, 8, 2, gen)
+    ids = torch.tensor([[1, 6], [2, -1], [-1, 1]], dtype=torch.int32)
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    kwargs = {"check_ids": False, "num_global_experts": 64}
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
+    one = fused_moe(*args, **kwargs)
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    sliced = []
+    group = w4a16._expert_group
+    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: sliced.append(a[1:]) or group(*a))
+    routed = []
+    route = w4a16.route_pairs
+    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: routed.append(k.get("chain")) or route(*a, **k))
+    two = fused_moe(*args, **kwargs)
+    assert sliced == [], "interleaved chains read the whole weights"
+    assert [c for c in routed if c is not None][:chains] == [(c, chains) for c in range(chains)]
+    want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
+    assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
+    assert _rel(two, one) < CHAINS_APART
+
+
 def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, device, monkeypatch):
     # TP8-like: I = 256 in two K steps, so gemm2 walks several N tiles a program and waits on each block's ready
     # counter (one SM, so that the plan keeps several tiles a program); each chain's gemm1 counts its own blocks in its
@@ -191,14 +220,19 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 # Tokens of an EP8-like rank (32 of 256 global experts, most slots remote): 1 and 2 tokens route each pair to a block
 # of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave. Two chains as shipped (each on its share of
 # the SMs) and on the whole GPU; four and eight, each sized for its share or for all, as the experiments run them.
-@pytest.mark.parametrize("num_tokens,chains,share", [
-    (1, 2, True), (2, 2, True), (16, 2, True), (64, 2, False), (256, 2, True), (256, 2, False),
-    (2, 4, False), (16, 4, True), (16, 8, True), (64, 8, False),
+# "interleaved": each chain over every n-th active expert.
+@pytest.mark.parametrize("num_tokens,chains,share,experts", [
+    (1, 2, True, "halves"), (2, 2, True, "halves"), (16, 2, True, "halves"), (64, 2, False, "halves"),
+    (256, 2, True, "halves"), (256, 2, False, "halves"), (2, 4, False, "halves"), (16, 4, True, "halves"),
+    (16, 8, True, "halves"), (64, 8, False, "halves"),
+    (2, 2, True, "interleaved"), (16, 2, True, "interleaved"), (256, 2, True, "interleaved"),
+    (16, 4, True, "interleaved"),
 ])  # fmt: skip
-def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, gen, device, monkeypatch):
+def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, experts, gen, device, monkeypatch):
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     monkeypatch.setattr(w4a16_plan, "CHAIN_SM_SHARE", share)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
     layer, weights = _layer(gen, device)
     x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
     w, ids = random_routing(num_tokens, 32, 8, gen, remote_fraction=0.875)
@@ -221,13 +255,16 @@ def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, gen
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
-@pytest.mark.parametrize("chains", [2, 4, 8])
-def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, gen, device, monkeypatch):
+@pytest.mark.parametrize("chains,experts", [(2, "halves"), (4, "halves"), (8, "halves"), (2, "interleaved"),
+                                            (4, "interleaved")])  # fmt: skip
+def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, experts, gen, device, monkeypatch):
     # A capture with the later chains forked onto their own streams, replayed with one expert active, then every
-    # expert of every group, then one expert of the second half only.
+    # expert of every group, then one expert of the second half only (interleaved: the chains' experts change with
+    # each routing, counted on the GPU).
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
     layer, weights = _layer(gen, device)
     num_tokens, top_k = 8, 8
     x = torch.empty(num_tokens, 512, dtype=torch.bfloat16, device=device)

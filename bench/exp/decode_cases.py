@@ -45,9 +45,10 @@ def line_ms(batch: int, floor: float) -> float | None:
 
 
 def cases(gen: torch.Generator, batches):
-    """For EP8 then TP8 and each B: (layout name, layout, two copies of the layer as the plugin keeps it, B,
-    ``bench_real.ROUTINGS`` inputs (x [B, H] bf16, topk_weights, topk_ids) at real routing)."""
-    for name in ("ep8", "tp8"):
+    """For EP8 then TP8 (EXP_LAYOUTS: comma-separated, default ep8,tp8) and each B: (layout name, layout, two copies
+    of the layer as the plugin keeps it, B, ``bench_real.ROUTINGS`` inputs (x [B, H] bf16, topk_weights, topk_ids) at
+    real routing)."""
+    for name in os.environ.get("EXP_LAYOUTS", "ep8,tp8").split(","):
         layout = bench_real.LAYOUTS[name]
         bundles = [
             random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda").served() for _ in range(2)

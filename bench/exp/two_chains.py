@@ -12,7 +12,7 @@ of the SMs (``w4a16_plan.CHAINS``, ``CHAIN_SM_SHARE``): at B = 4 a GLM-5 EP8 ran
 one expert's step (B = 1) takes the H200 20 us for 5 us of bytes, so four such chains side by side would leave the
 bandwidth, not the chains, to set the time (a model, to be measured).
 Usage: python bench/exp/two_chains.py OUT_DIR   (EXP_BATCHES, default 1,2,4,8,16,32,64,128,256; BENCH_SEED, default 43;
-EXP_SETTINGS, comma-separated names of SETTINGS, default all)
+EXP_SETTINGS, comma-separated names of SETTINGS, default all; EXP_LAYOUTS, default ep8,tp8)
 """
 
 import os
@@ -38,6 +38,8 @@ SETTINGS = {
     "four chains on SM shares": {**MORE, "CHAINS": 4, "CHAIN_SM_SHARE": True},
     "eight chains": {**MORE, "CHAINS": 8},
     "eight chains on SM shares": {**MORE, "CHAINS": 8, "CHAIN_SM_SHARE": True},
+    # the shipped span and SM shares, each chain over every other active expert rather than a half of the experts
+    "interleaved": {"CHAIN_EXPERTS": "interleaved"},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:

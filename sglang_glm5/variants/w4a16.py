@@ -303,6 +303,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
         w4a16_plan.gemm2_tiles_per_program(inter, cfg.gemm2),
     )  # fmt: skip
     group_experts = num_experts // groups
+    # the chains' experts: each chain every groups-th active expert (the weights whole), or each a contiguous group
+    interleaved = groups > 1 and w4a16_plan.CHAIN_EXPERTS == "interleaved"
 
     chain_sms = w4a16_plan.chain_sms(sms, groups)  # one chain: all of them
     plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, chain_sms)
@@ -325,7 +327,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
         for _ in range(groups)
     ]
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    each_pair = num_pairs <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, group_experts)
+    each_pair = num_pairs <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, group_experts) and not interleaved
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
@@ -348,19 +350,24 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                 sides[group].wait_stream(main)
                 forked.append(sides[group])
             with on_chain(group):
-                first = group * group_experts
-                route1 = route_pairs(topk_ids, group_experts, cfg.gemm1.block_m, zero=counters[group],
+                if interleaved:  # every groups-th active expert of all, by its own id
+                    own, experts = num_experts, {"chain": (group, groups)}
+                else:  # the group's experts, as ids 0 .. group_experts - 1
+                    own, experts = group_experts, {"first_expert": group * group_experts}
+                route1 = route_pairs(topk_ids, own, cfg.gemm1.block_m, zero=counters[group],
                                      permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
-                                     layout=weights.layout, each_pair=each_pair, first_expert=first)  # fmt: skip
+                                     layout=weights.layout, each_pair=each_pair, **experts)  # fmt: skip
                 route2 = route1
                 if cfg.gemm2.block_m != cfg.gemm1.block_m:
-                    route2 = route_pairs(topk_ids, group_experts, cfg.gemm2.block_m, pdl=pdl.get("route", False),
-                                         each_pair=each_pair, first_expert=first)  # fmt: skip
+                    route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=pdl.get("route", False),
+                                         each_pair=each_pair, **experts)  # fmt: skip
                 routes.append((route1, route2))
         # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
         # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
         for group, (route1, route2) in enumerate(routes):
-            part = weights if groups == 1 else _expert_group(weights, group * group_experts, group_experts)
+            part = (
+                weights if groups == 1 or interleaved else _expert_group(weights, group * group_experts, group_experts)
+            )
             ready = counters[group][n_counters:] if awaits else None
             with on_chain(group):
                 part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,

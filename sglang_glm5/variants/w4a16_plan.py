@@ -109,6 +109,12 @@ TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 # shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2 (outside the span) 1.06x on SM shares.
 CHAINS = 2
 CHAIN_SM_SHARE = True
+# Which experts a chain takes: "halves" (contiguous groups: its weights a slice, its ids shifted), or "interleaved"
+# (every CHAINS-th expert of those the step's ids touch, counted on the GPU by each chain's routing launch: the chains
+# share the active experts out evenly whichever they are; the weights whole). At GLM-5 EP8 B = 8 (about 7 of 32
+# experts active, uniform routing) the busier half holds 4.5 experts on average, an even share 3.8 (a model; B = 4:
+# 2.6 against 2.2, B = 16: 7.5 against 6.6).
+CHAIN_EXPERTS = "halves"
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
