@@ -181,8 +181,9 @@ def _route_program(
         ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1) - first_expert
         ok = (ids >= 0) & (ids < num_experts)
         counts += tl.histogram(tl.where(ok, ids, 0).to(tl.int32), E_PAD, mask=ok)
-    active = (counts > 0).to(tl.int32)
-    counts = tl.where((tl.cumsum(active, axis=0) - 1) % chains == chain, counts, 0)
+    if chains > 1:  # a chain of several (chains == 1 is specialized by Triton: this drops out of the one-chain kernel)
+        active = (counts > 0).to(tl.int32)
+        counts = tl.where((tl.cumsum(active, axis=0) - 1) % chains == chain, counts, 0)
     offs_e = tl.arange(0, E_PAD)
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     first_block = tl.sum(tl.where(offs_e < e, blocks, 0), axis=0)
