@@ -220,7 +220,7 @@ def route_pairs(
         raise ValueError(f"chain: (c, n) with 0 <= c < n, got {chain}")
     if chains > 1 and each_pair:
         raise ValueError("chain: a routing of every n-th active expert sorts; each_pair does not")
-    num_blocks = num_blocks_bound(num_pairs, -(-num_experts // chains), block_m)
+    num_blocks = num_blocks_bound(num_pairs, triton.cdiv(num_experts, chains), block_m)
     if each_pair and num_pairs > num_experts:  # then num_blocks_bound gives a block per pair (and one more)
         raise ValueError(f"each_pair: at most {num_experts} pairs (the experts), got {num_pairs}")
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)

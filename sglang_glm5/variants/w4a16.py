@@ -350,10 +350,12 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                 sides[group].wait_stream(main)
                 forked.append(sides[group])
             with on_chain(group):
-                if interleaved:  # every groups-th active expert of all, by its own id
-                    own, experts = num_experts, {"chain": (group, groups)}
+                if groups == 1 or interleaved:  # every groups-th active expert of all, by its own id
+                    own, experts, part = num_experts, {"chain": (group, groups)}, weights
                 else:  # the group's experts, as ids 0 .. group_experts - 1
-                    own, experts = group_experts, {"first_expert": group * group_experts}
+                    first = group * group_experts
+                    own, experts = group_experts, {"first_expert": first}
+                    part = _expert_group(weights, first, group_experts)
                 route1 = route_pairs(topk_ids, own, cfg.gemm1.block_m, zero=counters[group],
                                      permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
                                      layout=weights.layout, each_pair=each_pair, **experts)  # fmt: skip
@@ -361,13 +363,10 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                 if cfg.gemm2.block_m != cfg.gemm1.block_m:
                     route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=pdl.get("route", False),
                                          each_pair=each_pair, **experts)  # fmt: skip
-                routes.append((route1, route2))
+                routes.append((route1, route2, part))
         # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
         # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
-        for group, (route1, route2) in enumerate(routes):
-            part = (
-                weights if groups == 1 or interleaved else _expert_group(weights, group * group_experts, group_experts)
-            )
+        for group, (route1, route2, part) in enumerate(routes):
             ready = counters[group][n_counters:] if awaits else None
             with on_chain(group):
                 part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
