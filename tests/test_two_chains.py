@@ -220,19 +220,26 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 # Tokens of an EP8-like rank (32 of 256 global experts, most slots remote): 1 and 2 tokens route each pair to a block
 # of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave. Two chains as shipped (each on its share of
 # the SMs) and on the whole GPU; four and eight, each sized for its share or for all, as the experiments run them.
-# "interleaved": each chain over every n-th active expert.
-@pytest.mark.parametrize("num_tokens,chains,share,experts", [
-    (1, 2, True, "halves"), (2, 2, True, "halves"), (16, 2, True, "halves"), (64, 2, False, "halves"),
-    (256, 2, True, "halves"), (256, 2, False, "halves"), (2, 4, False, "halves"), (16, 4, True, "halves"),
-    (16, 8, True, "halves"), (64, 8, False, "halves"),
-    (2, 2, True, "interleaved"), (16, 2, True, "interleaved"), (256, 2, True, "interleaved"),
-    (16, 4, True, "interleaved"),
+# "interleaved": each chain over every n-th active expert. "together": the later chains' routings beside the first's,
+# their gemm1 waiting on an event for the activations the first lays out.
+@pytest.mark.parametrize("num_tokens,chains,share,experts,together", [
+    (1, 2, True, "halves", False), (2, 2, True, "halves", False), (16, 2, True, "halves", False),
+    (64, 2, False, "halves", False), (256, 2, True, "halves", False), (256, 2, False, "halves", False),
+    (2, 4, False, "halves", False), (16, 4, True, "halves", False), (16, 8, True, "halves", False),
+    (64, 8, False, "halves", False),
+    (2, 2, True, "interleaved", False), (16, 2, True, "interleaved", False), (256, 2, True, "interleaved", False),
+    (16, 4, True, "interleaved", False),
+    (1, 2, True, "halves", True), (16, 2, True, "halves", True), (256, 2, True, "halves", True),
+    (16, 4, True, "halves", True), (16, 2, True, "interleaved", True),
 ])  # fmt: skip
-def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, experts, gen, device, monkeypatch):
+def test_chains_match_the_reference_and_one_chain(
+    num_tokens, chains, share, experts, together, gen, device, monkeypatch
+):
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     monkeypatch.setattr(w4a16_plan, "CHAIN_SM_SHARE", share)
     monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_ROUTINGS_TOGETHER", together)
     layer, weights = _layer(gen, device)
     x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
     w, ids = random_routing(num_tokens, 32, 8, gen, remote_fraction=0.875)
@@ -255,16 +262,19 @@ def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, exp
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
-@pytest.mark.parametrize("chains,experts", [(2, "halves"), (4, "halves"), (8, "halves"), (2, "interleaved"),
-                                            (4, "interleaved")])  # fmt: skip
-def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, experts, gen, device, monkeypatch):
-    # A capture with the later chains forked onto their own streams, replayed with one expert active, then every
-    # expert of every group, then one expert of the second half only (interleaved: the chains' experts change with
-    # each routing, counted on the GPU).
+@pytest.mark.parametrize("chains,experts,together", [
+    (2, "halves", False), (4, "halves", False), (8, "halves", False), (2, "interleaved", False),
+    (4, "interleaved", False), (2, "halves", True), (4, "interleaved", True),
+])  # fmt: skip
+def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, experts, together, gen, device, monkeypatch):
+    # A capture with the later chains forked onto their own streams (after the first routing, or before it with the
+    # routings together), replayed with one expert active, then every expert of every group, then one expert of the
+    # second half only (interleaved: the chains' experts change with each routing, counted on the GPU).
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
+    monkeypatch.setattr(w4a16_plan, "CHAIN_ROUTINGS_TOGETHER", together)
     layer, weights = _layer(gen, device)
     num_tokens, top_k = 8, 8
     x = torch.empty(num_tokens, 512, dtype=torch.bfloat16, device=device)

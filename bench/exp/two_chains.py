@@ -40,6 +40,9 @@ SETTINGS = {
     "eight chains on SM shares": {**MORE, "CHAINS": 8, "CHAIN_SM_SHARE": True},
     # the shipped span and SM shares, each chain over every other active expert rather than a half of the experts
     "interleaved": {"CHAIN_EXPERTS": "interleaved"},
+    # the shipped chains with the later chains' routings beside the first's (forked before it)
+    "routings together": {"CHAIN_ROUTINGS_TOGETHER": True},
+    "interleaved, routings together": {"CHAIN_EXPERTS": "interleaved", "CHAIN_ROUTINGS_TOGETHER": True},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:

@@ -115,6 +115,11 @@ CHAIN_SM_SHARE = True
 # experts active, uniform routing) the busier half holds 4.5 experts on average, an even share 3.8 (a model; B = 4:
 # 2.6 against 2.2, B = 16: 7.5 against 6.6).
 CHAIN_EXPERTS = "halves"
+# Where the later chains fork: False, after the first chain's routing launch (which lays out the activations for all),
+# so that each later chain's routing waits for it; True, before it, each later chain's routing beside the first's and
+# only its gemm1 waiting for the activations (an event recorded after the first routing): the later chains start a
+# routing launch earlier.
+CHAIN_ROUTINGS_TOGETHER = False
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
