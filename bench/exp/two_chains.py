@@ -43,6 +43,8 @@ SETTINGS = {
     # the shipped chains with the later chains' routings beside the first's (forked before it)
     "routings together": {"CHAIN_ROUTINGS_TOGETHER": True},
     "interleaved, routings together": {"CHAIN_EXPERTS": "interleaved", "CHAIN_ROUTINGS_TOGETHER": True},
+    # and at every size (B = 2 and 3 on one chain otherwise: two chains on SM shares ran 1.06x there, run 49)
+    "routings together, every size": {**EVERY, "CHAIN_ROUTINGS_TOGETHER": True},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:
