@@ -20,6 +20,9 @@ from sglang_glm5.weights import Nvfp4MoeWeights
 # otherwise, and gemm1's h is rounded to bf16 before gemm2, so a different sum order flips some h roundings by one step
 # (measured on an H100, two chains at T = 256: 2.2e-3).
 CHAINS_APART = 2**-8
+# The chains' experts by name: w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT for contiguous groups at any size, or every n-th
+# active expert at any size
+INTERLEAVED = {"halves": 0.0, "interleaved": float("inf")}
 
 
 @pytest.mark.parametrize("span,pairs,experts,one_launch,tiles,switch,want", [
@@ -88,6 +91,13 @@ def test_glm5_ep8_decode_takes_two_chains_from_4_to_16_tokens_and_tp8_none():
     assert ep8 == list(range(4, 17)) and tp8 == []
 
 
+def test_glm5_ep8_chains_interleave_up_to_8_tokens_and_take_halves_above():
+    # The shipped threshold on GLM-5 EP8's chained steps (B = 4-16): every other active expert up to B = 8 (1/4 token
+    # per expert), where it measured faster; the halves at B = 9-16, where it did not.
+    chained = range(4, 17)
+    assert [b for b in chained if w4a16_plan.interleaves(8 * b, 256)] == list(range(4, 9))
+
+
 @pytest.mark.parametrize("chains,groups", [
     (2, [(0, 4), (4, 4)]),  # the halves, as shipped
     (4, [(0, 2), (2, 2), (4, 2), (6, 2)]),  # more chains: the first and the last group's experts both take ids
@@ -97,6 +107,7 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     # per-pair outputs, one top-k sum), through the interpreter on the CPU (on a GPU: streams, the tests below too).
     # Ids in the first and last groups and remote ones; I = 1280 so that gemm2 walks one N tile a program.
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", 0.0)  # the groups, at any size
     layer, weights = _layer(gen, device, num_experts=8, hidden=128)
     x = torch.randn(3, 128, generator=gen).bfloat16()
     w, ids = random_routing(3, 8, 2, gen, remote_fraction=0.25)
@@ -120,10 +131,11 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
 
 @pytest.mark.parametrize("chains", [2, 4])
 def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, gen, device, monkeypatch):
-    # Each chain over every n-th active expert (``CHAIN_EXPERTS = "interleaved"``): the whole weights, no group slices,
-    # active experts 1, 2 and 6 of 8 (so that halves would give the first half two and the second one), remote slots.
+    # Each chain over every n-th active expert (``INTERLEAVED_TOKENS_PER_EXPERT`` at or above the call's size): the
+    # whole weights, no group slices, active experts 1, 2 and 6 of 8 (so that halves would give the first half two and
+    # the second one), remote slots.
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
-    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", "interleaved")
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", float("inf"))
     layer, weights = _layer(gen, device, num_experts=8, hidden=128)
     x = torch.randn(3, 128, generator=gen).bfloat16()
     w, _ = random_routing(3, 8, 2, gen)
@@ -155,6 +167,7 @@ def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, devi
 
     tile = GemmConfig(16, 64, 128)
     monkeypatch.setattr(w4a16_plan, "sm_count", lambda index: 1)
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", 0.0)  # the halves
     layer, weights = _layer(gen, device, num_experts=8, hidden=1024, inter=256)
     x = torch.randn(3, 1024, generator=gen).bfloat16()
     w, ids = random_routing(3, 8, 4, gen, remote_fraction=0.5)
@@ -220,26 +233,19 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 # Tokens of an EP8-like rank (32 of 256 global experts, most slots remote): 1 and 2 tokens route each pair to a block
 # of its own, 16 split K, 64 and 256 fill gemm2 into gemm1's last wave. Two chains as shipped (each on its share of
 # the SMs) and on the whole GPU; four and eight, each sized for its share or for all, as the experiments run them.
-# "interleaved": each chain over every n-th active expert. "together": the later chains' routings beside the first's,
-# their gemm1 waiting on an event for the activations the first lays out.
-@pytest.mark.parametrize("num_tokens,chains,share,experts,together", [
-    (1, 2, True, "halves", False), (2, 2, True, "halves", False), (16, 2, True, "halves", False),
-    (64, 2, False, "halves", False), (256, 2, True, "halves", False), (256, 2, False, "halves", False),
-    (2, 4, False, "halves", False), (16, 4, True, "halves", False), (16, 8, True, "halves", False),
-    (64, 8, False, "halves", False),
-    (2, 2, True, "interleaved", False), (16, 2, True, "interleaved", False), (256, 2, True, "interleaved", False),
-    (16, 4, True, "interleaved", False),
-    (1, 2, True, "halves", True), (16, 2, True, "halves", True), (256, 2, True, "halves", True),
-    (16, 4, True, "halves", True), (16, 2, True, "interleaved", True),
+# "interleaved": each chain over every n-th active expert.
+@pytest.mark.parametrize("num_tokens,chains,share,experts", [
+    (1, 2, True, "halves"), (2, 2, True, "halves"), (16, 2, True, "halves"), (64, 2, False, "halves"),
+    (256, 2, True, "halves"), (256, 2, False, "halves"), (2, 4, False, "halves"), (16, 4, True, "halves"),
+    (16, 8, True, "halves"), (64, 8, False, "halves"),
+    (2, 2, True, "interleaved"), (16, 2, True, "interleaved"), (256, 2, True, "interleaved"),
+    (16, 4, True, "interleaved"),
 ])  # fmt: skip
-def test_chains_match_the_reference_and_one_chain(
-    num_tokens, chains, share, experts, together, gen, device, monkeypatch
-):
+def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, experts, gen, device, monkeypatch):
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     monkeypatch.setattr(w4a16_plan, "CHAIN_SM_SHARE", share)
-    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
-    monkeypatch.setattr(w4a16_plan, "CHAIN_ROUTINGS_TOGETHER", together)
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", INTERLEAVED[experts])
     layer, weights = _layer(gen, device)
     x = torch.randn(num_tokens, 512, generator=gen).bfloat16()
     w, ids = random_routing(num_tokens, 32, 8, gen, remote_fraction=0.875)
@@ -262,19 +268,16 @@ def test_chains_match_the_reference_and_one_chain(
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
-@pytest.mark.parametrize("chains,experts,together", [
-    (2, "halves", False), (4, "halves", False), (8, "halves", False), (2, "interleaved", False),
-    (4, "interleaved", False), (2, "halves", True), (4, "interleaved", True),
-])  # fmt: skip
-def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, experts, together, gen, device, monkeypatch):
-    # A capture with the later chains forked onto their own streams (after the first routing, or before it with the
-    # routings together), replayed with one expert active, then every expert of every group, then one expert of the
-    # second half only (interleaved: the chains' experts change with each routing, counted on the GPU).
+@pytest.mark.parametrize("chains,experts", [(2, "halves"), (4, "halves"), (8, "halves"), (2, "interleaved"),
+                                            (4, "interleaved")])  # fmt: skip
+def test_chains_replay_from_a_cuda_graph_with_other_routings(chains, experts, gen, device, monkeypatch):
+    # A capture with the later chains forked onto their own streams, replayed with one expert active, then every
+    # expert of every group, then one expert of the second half only (interleaved: the chains' experts change with
+    # each routing, counted on the GPU).
     _gpu(device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
-    monkeypatch.setattr(w4a16_plan, "CHAIN_EXPERTS", experts)
-    monkeypatch.setattr(w4a16_plan, "CHAIN_ROUTINGS_TOGETHER", together)
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", INTERLEAVED[experts])
     layer, weights = _layer(gen, device)
     num_tokens, top_k = 8, 8
     x = torch.empty(num_tokens, 512, dtype=torch.bfloat16, device=device)

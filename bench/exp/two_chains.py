@@ -38,17 +38,18 @@ SETTINGS = {
     "four chains on SM shares": {**MORE, "CHAINS": 4, "CHAIN_SM_SHARE": True},
     "eight chains": {**MORE, "CHAINS": 8},
     "eight chains on SM shares": {**MORE, "CHAINS": 8, "CHAIN_SM_SHARE": True},
-    # the shipped span and SM shares, each chain over every other active expert rather than a half of the experts
-    "interleaved": {"CHAIN_EXPERTS": "interleaved"},
-    # the shipped chains with the later chains' routings beside the first's (forked before it)
-    "routings together": {"CHAIN_ROUTINGS_TOGETHER": True},
-    "interleaved, routings together": {"CHAIN_EXPERTS": "interleaved", "CHAIN_ROUTINGS_TOGETHER": True},
-    # and at every size (B = 2 and 3 on one chain otherwise: two chains on SM shares ran 1.06x there, run 49)
-    "routings together, every size": {**EVERY, "CHAIN_ROUTINGS_TOGETHER": True},
+    # the shipped span and SM shares, each chain over every other active expert at every size, or over a half of the
+    # experts at every size (``INTERLEAVED_TOKENS_PER_EXPERT``; shipped: interleaved up to 1/4 token per expert)
+    "interleaved": {"INTERLEAVED_TOKENS_PER_EXPERT": float("inf")},
+    "halves": {"INTERLEAVED_TOKENS_PER_EXPERT": 0.0},
 }
 WANTED = os.environ.get("EXP_SETTINGS")  # the settings to time, comma-separated ("one chain" always runs first)
 if WANTED:
-    SETTINGS = {name: SETTINGS[name] for name in ["one chain", *(w for w in WANTED.split(",") if w != "one chain")]}
+    names = ["one chain", *(w.strip() for w in WANTED.split(",") if w.strip() != "one chain")]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        sys.exit(f"EXP_SETTINGS: unknown {unknown}; the settings are {list(SETTINGS)}")
+    SETTINGS = {name: SETTINGS[name] for name in names}
 
 if __name__ == "__main__":
     seed = int(os.environ.get("BENCH_SEED", "43"))

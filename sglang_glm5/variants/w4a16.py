@@ -286,9 +286,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
     runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says several, the routing and the GEMMs run as that
     many chains, one per group of the local experts (two: the halves), the first on the caller's stream and each other
-    on a stream of its own (forked after the first chain's routing, which lays out the activations for all, or with
-    ``w4a16_plan.CHAIN_ROUTINGS_TOGETHER`` before it, each later gemm1 then waiting for that routing; joined before
-    the top-k sum; the interpreter runs them in turn), each planned for its group (``w4a16_plan.chain_sms``):
+    on a stream of its own (forked after the first chain's routing, which lays out the activations for all, and joined
+    before the top-k sum; the interpreter runs them in turn), each planned for its group (``w4a16_plan.chain_sms``):
     its K splits may differ from one chain's, and so may the bits (the same call gives the same bits either way)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
@@ -305,7 +304,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     )  # fmt: skip
     group_experts = num_experts // groups
     # the chains' experts: each chain every groups-th active expert (the weights whole), or each a contiguous group
-    interleaved = groups > 1 and w4a16_plan.CHAIN_EXPERTS == "interleaved"
+    interleaved = groups > 1 and w4a16_plan.interleaves(num_pairs, num_global)
 
     chain_sms = w4a16_plan.chain_sms(sms, groups)  # one chain: all of them
     plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, chain_sms)
@@ -345,14 +344,11 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     gate_row0, up_row0 = weights.gate_up_rows
     routes, scratch = [], []
     forked = []
-    together = sides is not None and w4a16_plan.CHAIN_ROUTINGS_TOGETHER
-    laid_out = torch.cuda.Event() if together else None  # the first chain's routing done: the activations laid out
     try:
         for group in range(groups):
-            if sides and group == (0 if together else 1):  # the later chains fork, before or after the first routing
-                for side in sides[1:]:
-                    side.wait_stream(main)
-                    forked.append(side)
+            if group and sides:  # a later chain starts after the first one's routing (the activations)
+                sides[group].wait_stream(main)
+                forked.append(sides[group])
             with on_chain(group):
                 if groups == 1 or interleaved:  # every groups-th active expert of all, by its own id
                     own, experts, part = num_experts, {"chain": (group, groups)}, weights
@@ -368,15 +364,11 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                     route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=pdl.get("route", False),
                                          each_pair=each_pair, **experts)  # fmt: skip
                 routes.append((route1, route2, part))
-            if group == 0 and laid_out is not None:
-                laid_out.record(main)
         # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
         # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
         for group, (route1, route2, part) in enumerate(routes):
             ready = counters[group][n_counters:] if awaits else None
             with on_chain(group):
-                if group and laid_out is not None:
-                    sides[group].wait_event(laid_out)
                 part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
                                      gate_row0, up_row0, interpret, launch=launch1, counters=counters[group],
                                      layout=weights.layout, pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip

@@ -109,17 +109,17 @@ TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
 # shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2 (outside the span) 1.06x on SM shares.
 CHAINS = 2
 CHAIN_SM_SHARE = True
-# Which experts a chain takes: "halves" (contiguous groups: its weights a slice, its ids shifted), or "interleaved"
-# (every CHAINS-th expert of those the step's ids touch, counted on the GPU by each chain's routing launch: the chains
-# share the active experts out evenly whichever they are; the weights whole). At GLM-5 EP8 B = 8 (about 7 of 32
-# experts active, uniform routing) the busier half holds 4.5 experts on average, an even share 3.8 (a model; B = 4:
-# 2.6 against 2.2, B = 16: 7.5 against 6.6).
-CHAIN_EXPERTS = "halves"
-# Where the later chains fork: False, after the first chain's routing launch (which lays out the activations for all),
-# so that each later chain's routing waits for it; True, before it, each later chain's routing beside the first's and
-# only its gemm1 waiting for the activations (an event recorded after the first routing): the later chains start a
-# routing launch earlier.
-CHAIN_ROUTINGS_TOGETHER = False
+# Which experts a chain takes: up to this many tokens per expert every CHAINS-th expert of those the step's ids touch
+# (counted on the GPU by each chain's routing launch, so the chains share the active experts out evenly whichever they
+# are; the weights whole), above it contiguous groups (the halves: its weights a slice, its ids shifted); 0: always the
+# halves, inf: always interleaved. At GLM-5 EP8 B = 8 (about 7 of 32 experts active, uniform routing) the busier half
+# holds 4.5 experts on average, an even share 3.8 (a count; B = 4: 2.6 against 2.2, B = 16: 7.5 against 6.6). Timed
+# against the halves, round-robin from CUDA graphs (bench/README.md, run 50), interleaved over one chain's time / the
+# halves': H200 seed 43 B = 4 0.924 / 0.963, B = 8 0.913 / 0.922, B = 12 0.974 / 0.968, B = 16 0.922 / 0.915; H100 seeds
+# 43, 67 B = 4 0.915 / 0.958, 0.913 / 0.947, B = 8 0.904 / 0.916, 0.904 / 0.911, B = 16 0.937 / 0.923, 0.931 / 0.924:
+# the gain where few experts are active (when one chain ends its SMs take the other's programs, so an uneven split costs
+# less than its expert count), a loss at B = 16.
+INTERLEAVED_TOKENS_PER_EXPERT = 1 / 4
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
@@ -263,6 +263,12 @@ def expert_groups(
     if not env.get(env.TWO_CHAINS):
         return 1
     return CHAINS if span[0] <= num_pairs / num_global_experts <= span[1] else 1
+
+
+def interleaves(num_pairs: int, num_global_experts: int) -> bool:
+    """Whether the chains of a call with ``num_pairs`` (token, slot) pairs each take every CHAINS-th active expert
+    rather than a contiguous group (``INTERLEAVED_TOKENS_PER_EXPERT``)."""
+    return num_pairs <= INTERLEAVED_TOKENS_PER_EXPERT * num_global_experts
 
 
 def chain_sms(sms: int, chains: int) -> int:
