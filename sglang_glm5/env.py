@@ -135,9 +135,9 @@ PDL = Switch(
 TWO_CHAINS = Switch(
     "SGLANG_GLM5_TWO_CHAINS", "bool", True,
     "from 1/8 to 1/2 token per expert (GLM-5 B = 4-16) the W4A16 op runs as two chains, one per half of the local "
-    "experts, on two CUDA streams, each on half the SMs (the second forked after the first's routing launch, "
-    "each half's gemm1 and gemm2 beside the other's; one top-k sum), where gemm2 walks one N tile a program (GLM-5 "
-    "EP8, not TP8); off = one chain",
+    "experts (up to 1/4 token per expert, B = 4-8: each every other active expert), on two CUDA streams, each on "
+    "half the SMs (the second forked after the first's routing launch, each chain's gemm1 and gemm2 beside the "
+    "other's; one top-k sum), where gemm2 walks one N tile a program (GLM-5 EP8, not TP8); off = one chain",
     parse_bool,
 )  # fmt: skip
 GLUON_GEMM1 = Switch(
