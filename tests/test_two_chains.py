@@ -1,5 +1,6 @@
-"""The W4A16 op as two chains, one per half of the local experts, on two CUDA streams (``w4a16_plan.expert_groups``),
-and as more chains over smaller groups (``w4a16_plan.CHAINS``, which the experiments set).
+"""The W4A16 op as two chains on two CUDA streams (``w4a16_plan.expert_groups``), each over every other active expert
+or over a half of the local experts (``w4a16_plan.interleaves``), and as more chains over smaller shares
+(``w4a16_plan.CHAINS``, which the experiments set).
 
 The policy, and the chains run one after the other, run on the CPU (the interpreter); the streams, their fork and join
 and a CUDA-graph capture of them need a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
@@ -127,6 +128,30 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
     assert _rel(two, one) < CHAINS_APART
+
+
+# The shipped threshold through the op: 6 pairs over 64 global experts (0.09 token per expert) interleave, over 16
+# (0.375) take the halves.
+@pytest.mark.parametrize("num_global,interleaved", [(64, True), (16, False)])
+def test_the_op_interleaves_below_the_shipped_threshold_and_takes_halves_above(
+    num_global, interleaved, gen, device, monkeypatch
+):
+    assert 6 / 64 <= w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT < 6 / 16
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    layer, weights = _layer(gen, device, num_experts=8, hidden=128)
+    x = torch.randn(3, 128, generator=gen).bfloat16()
+    w, _ = random_routing(3, 8, 2, gen)
+    ids = torch.tensor([[1, 6], [2, -1], [-1, 5]], dtype=torch.int32)
+    sliced, routed = [], []
+    group, route = w4a16._expert_group, w4a16.route_pairs
+    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: sliced.append(a[1:]) or group(*a))
+    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: routed.append(k.get("chain")) or route(*a, **k))
+    got = fused_moe(x.to(device), weights, w.to(device), ids.to(device), check_ids=False, num_global_experts=num_global)
+    if interleaved:
+        assert sliced == [] and [c for c in routed if c is not None][:2] == [(0, 2), (1, 2)]
+    else:
+        assert sliced == [(0, 4), (4, 4)] and all(c is None for c in routed)
+    assert _rel(got, nvfp4_fused_moe_reference(x, *layer.args(), w, ids)) < 1e-2
 
 
 @pytest.mark.parametrize("chains", [2, 4])

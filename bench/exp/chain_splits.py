@@ -6,7 +6,7 @@ target, and the two run side by side, so the best target for a chain may differ.
 targets for gemm1 or gemm2 (the other GEMM as cached) against the op as shipped, round-robin from CUDA graphs
 (``compare_variants``).
 Usage: python bench/exp/chain_splits.py OUT_DIR   (EXP_BATCHES, default 4,8,16; BENCH_SEED, default 43;
-EXP_TARGETS, default 1,2,3,4,6,8,12; EXP_LAYOUTS, default ep8)
+EXP_TARGETS, default 1,2,3,4,6,8: at most ``tiles.MAX_PROGRAMS_PER_SM``; EXP_LAYOUTS, default ep8)
 """
 
 import dataclasses
@@ -21,7 +21,7 @@ from decode_cases import compare_variants  # noqa: E402
 from sglang_glm5 import autotune  # noqa: E402
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "4,8,16").split(","))
-TARGETS = tuple(int(t) for t in os.environ.get("EXP_TARGETS", "1,2,3,4,6,8,12").split(","))
+TARGETS = tuple(int(t) for t in os.environ.get("EXP_TARGETS", "1,2,3,4,6,8").split(","))
 PICK = autotune.pick_config
 
 
@@ -31,7 +31,7 @@ def with_target(gemm: str, target: int):
     def pick(*args, **kwargs):
         cfg = PICK(*args, **kwargs)
         tile = getattr(cfg, gemm)
-        if tile.split_k:  # a fixed split: leave it
+        if tile.split_k or tile.stream:  # a fixed split, or a stream-K schedule (no split target): leave it
             return cfg
         return dataclasses.replace(cfg, **{gemm: dataclasses.replace(tile, programs_per_sm=target)})
 

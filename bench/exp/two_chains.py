@@ -1,4 +1,4 @@
-"""Experiment: the op as two chains, one per half of the local experts, on two streams (``w4a16_plan.expert_groups``).
+"""Experiment: the op as two chains, each over part of the local experts, on two streams (``w4a16_plan.expert_groups``).
 
 Run 48 (H100, ``expert_halves.py``): two whole op calls over the halves of the experts, on two streams, their outputs
 added, took 0.935x the op at EP8 B = 16, 0.966x at TP8 B = 16, 0.973x at TP8 B = 256 and 0.985-1.028x elsewhere at B =
@@ -27,7 +27,8 @@ BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,2,4,8,16,32,64,
 # Run 48 timed "two chains" over every size (the span (0, 8)), before the op took them at its shipped span.
 # More chains over smaller groups of experts, and chains sized for their share of the SMs (``w4a16_plan.CHAINS``,
 # ``CHAIN_SM_SHARE``), over the same span; these also at TP8 (``CHAINS_MULTI_TILE_GEMM2``).
-EVERY = {"TWO_CHAINS_TOKENS_PER_EXPERT": (0.0, 8.0)}
+# These take contiguous groups at every size (``INTERLEAVED_TOKENS_PER_EXPERT`` 0), as runs 48-49 timed them.
+EVERY = {"TWO_CHAINS_TOKENS_PER_EXPERT": (0.0, 8.0), "INTERLEAVED_TOKENS_PER_EXPERT": 0.0}
 MORE = {**EVERY, "CHAINS_MULTI_TILE_GEMM2": True}
 SETTINGS = {
     "one chain": {"TWO_CHAINS_TOKENS_PER_EXPERT": None},

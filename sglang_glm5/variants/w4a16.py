@@ -285,10 +285,12 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
     launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
     runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says several, the routing and the GEMMs run as that
-    many chains, one per group of the local experts (two: the halves), the first on the caller's stream and each other
-    on a stream of its own (forked after the first chain's routing, which lays out the activations for all, and joined
-    before the top-k sum; the interpreter runs them in turn), each planned for its group (``w4a16_plan.chain_sms``):
-    its K splits may differ from one chain's, and so may the bits (the same call gives the same bits either way)."""
+    many chains, each over a share of the local experts (every other active expert up to
+    ``w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT``, chosen by each chain's routing launch on the GPU; above it a
+    contiguous group, two: the halves), the first on the caller's stream and each other on a stream of its own (forked
+    after the first chain's routing, which lays out the activations for all, and joined before the top-k sum; the
+    interpreter runs them in turn), each planned for its share (``w4a16_plan.chain_sms``): its K splits may differ from
+    one chain's, and so may the bits (the same call gives the same bits either way)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k

@@ -91,22 +91,23 @@ GLUON_MAX_BUCKET = 8
 # Up to this many tokens per expert (GLM-5 decode, B <= 256), where the GEMMs stream their weights, an offline pick
 # keeps resident by shared memory the programs an SM each GEMM's grid is sized for (``resident_aim``).
 RESIDENT_AIM_MAX_BUCKET = 8
-# Tokens per expert of the routing (lowest, highest; None: never) for which the op runs as two chains, one per half
-# of the local experts, on two CUDA streams (``expert_groups``): each half's routing, gemm1 and gemm2 beside the
-# other's, so that one chain's launch ramps, tails and waits overlap the other's work; one top-k sum adds both. Only
-# where gemm2 walks one N tile a program: elsewhere (I short, GLM-5 TP8) its programs already wait for their own
-# block's h alone (``awaits_blocks``). H100, GLM-5 at real routing, seeds 43 / 67, against one chain on the same
-# inputs (bench/README.md, run 48): EP8 B = 4, 6, 8, 10, 12, 14, 16 0.968 / 0.948, 0.940 / 0.933, 0.932 / 0.913,
-# 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B = 5 0.960 / 1.014x (B = 7, 9, 11, 13, 15 not
-# timed); B = 1-3 1.00-1.06x, B = 32, 64, 128, 256 1.022, 0.996, 1.085, 1.081x; TP8 0.957-0.975x at B = 4, 8 and 10,
-# 1.005-1.146x at B = 5, 6, 12, 14 and 16.
+# Tokens per expert of the routing (lowest, highest; None: never) for which the op runs as two chains, each over part of
+# the local experts (``INTERLEAVED_TOKENS_PER_EXPERT``: every other active expert, or a half), on two CUDA streams
+# (``expert_groups``): each chain's routing, gemm1 and gemm2 beside the other's, so that one chain's launch ramps, tails
+# and waits overlap the other's work; one top-k sum adds both. Only where gemm2 walks one N tile a program: elsewhere (I
+# short, GLM-5 TP8) its programs already wait for their own block's h alone (``awaits_blocks``). H100, GLM-5 at real
+# routing, seeds 43 / 67, against one chain on the same inputs (bench/README.md, run 48): EP8 B = 4, 6, 8, 10, 12, 14,
+# 16 0.968 / 0.948, 0.940 / 0.933, 0.932 / 0.913, 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B
+# = 5 0.960 / 1.014x (B = 7, 9, 11, 13, 15 not timed); B = 1-3 1.00-1.06x, B = 32, 64, 128, 256 1.022, 0.996, 1.085,
+# 1.081x; TP8 0.957-0.975x at B = 4, 8 and 10, 1.005-1.146x at B = 5, 6, 12, 14 and 16.
 TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
-# Chains in that span: the local experts in CHAINS equal groups, one chain each, the first on the caller's stream and
-# the others on streams of their own. With CHAIN_SM_SHARE each chain's grids are sized for its share of the SMs (the
-# chains side by side on parts of the GPU) rather than for the whole GPU (the chains filling each other's gaps).
-# H200, GLM-5 EP8 at real routing, seed 43, against one chain on the same inputs (bench/README.md, run 49): two chains
-# on SM shares 0.964 / 0.930 / 0.920x at B = 4 / 8 / 16, on the whole GPU 0.995 / 0.958 / 0.949x, four chains on SM
-# shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2 (outside the span) 1.06x on SM shares.
+# Chains in that span: CHAINS of them, each over a CHAINS-th of the local experts (an equal group, or every CHAINS-th
+# active expert), the first on the caller's stream and the others on streams of their own. With CHAIN_SM_SHARE each
+# chain's grids are sized for its share of the SMs (the chains side by side on parts of the GPU) rather than for the
+# whole GPU (the chains filling each other's gaps). H200, GLM-5 EP8 at real routing, seed 43, against one chain on the
+# same inputs (bench/README.md, run 49): two chains on SM shares 0.964 / 0.930 / 0.920x at B = 4 / 8 / 16, on the whole
+# GPU 0.995 / 0.958 / 0.949x, four chains on SM shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2
+# (outside the span) 1.06x on SM shares.
 CHAINS = 2
 CHAIN_SM_SHARE = True
 # Which experts a chain takes: up to this many tokens per expert every CHAINS-th expert of those the step's ids touch
@@ -250,11 +251,11 @@ def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
 def expert_groups(
     num_pairs: int, num_experts: int, num_global_experts: int, one_launch_routing: bool, gemm2_tiles_a_program: int
 ) -> int:
-    """1, or ``CHAINS`` where the op runs as that many chains over equal groups of the local experts
-    (``TWO_CHAINS_TOKENS_PER_EXPERT``, ``SGLANG_GLM5_TWO_CHAINS``): an expert count that CHAINS divides, a routing of
-    one launch (below ``routing.CHUNKED_ROUTE_PAIRS`` pairs) and gemm2 one N tile a program
-    (``gemm2_tiles_per_program``; any, with ``CHAINS_MULTI_TILE_GEMM2``). Off a GPU (the interpreter) the op runs the
-    chains one after the other."""
+    """1, or ``CHAINS`` where the op runs as that many chains, each over a CHAINS-th of the local experts (an equal
+    group, or every CHAINS-th active expert: ``interleaves``), by ``TWO_CHAINS_TOKENS_PER_EXPERT`` and
+    ``SGLANG_GLM5_TWO_CHAINS``: an expert count that CHAINS divides, a routing of one launch (below
+    ``routing.CHUNKED_ROUTE_PAIRS`` pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``; any, with
+    ``CHAINS_MULTI_TILE_GEMM2``). Off a GPU (the interpreter) the op runs the chains one after the other."""
     span = TWO_CHAINS_TOKENS_PER_EXPERT
     if span is None or CHAINS < 2 or num_experts % CHAINS or not one_launch_routing:
         return 1
