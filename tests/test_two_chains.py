@@ -120,9 +120,7 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
     tiles = w4a16_plan.gemm2_tiles_per_program(1280, _lookup_gemm2(device))
     assert w4a16_plan.expert_groups(6, 8, 64, True, tiles) == chains
-    halves = []
-    group = w4a16._expert_group
-    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: halves.append(a[1:]) or group(*a))
+    halves, _ = _spy_shares(monkeypatch)
     two = fused_moe(*args, **kwargs)
     assert halves == groups, "the op ran another split"
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
@@ -142,10 +140,7 @@ def test_the_op_interleaves_below_the_shipped_threshold_and_takes_halves_above(
     x = torch.randn(3, 128, generator=gen).bfloat16()
     w, _ = random_routing(3, 8, 2, gen)
     ids = torch.tensor([[1, 6], [2, -1], [-1, 5]], dtype=torch.int32)
-    sliced, routed = [], []
-    group, route = w4a16._expert_group, w4a16.route_pairs
-    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: sliced.append(a[1:]) or group(*a))
-    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: routed.append(k.get("chain")) or route(*a, **k))
+    sliced, routed = _spy_shares(monkeypatch)
     got = fused_moe(x.to(device), weights, w.to(device), ids.to(device), check_ids=False, num_global_experts=num_global)
     if interleaved:
         assert sliced == [] and [c for c in routed if c is not None][:2] == [(0, 2), (1, 2)]
@@ -170,12 +165,7 @@ def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, ge
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
     one = fused_moe(*args, **kwargs)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
-    sliced = []
-    group = w4a16._expert_group
-    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: sliced.append(a[1:]) or group(*a))
-    routed = []
-    route = w4a16.route_pairs
-    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: routed.append(k.get("chain")) or route(*a, **k))
+    sliced, routed = _spy_shares(monkeypatch)
     two = fused_moe(*args, **kwargs)
     assert sliced == [], "interleaved chains read the whole weights"
     assert [c for c in routed if c is not None][:chains] == [(c, chains) for c in range(chains)]
@@ -236,6 +226,16 @@ def _gpu(device: torch.device) -> None:
 def _layer(gen, device, num_experts=32, hidden=512, inter=1280):
     layer = random_layer(num_experts, hidden, inter, gen)
     return layer, Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
+
+
+def _spy_shares(monkeypatch) -> tuple[list, list]:
+    """What the op's chains took, call by call: the (first, count) of each group of experts it sliced off the weights,
+    and the ``chain`` argument of each routing launch (None for a routing of one chain or of a group)."""
+    sliced, routed = [], []
+    group, route = w4a16._expert_group, w4a16.route_pairs
+    monkeypatch.setattr(w4a16, "_expert_group", lambda *a: sliced.append(a[1:]) or group(*a))
+    monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: routed.append(k.get("chain")) or route(*a, **k))
+    return sliced, routed
 
 
 def _count_forks(monkeypatch) -> list:
