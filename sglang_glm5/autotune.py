@@ -109,6 +109,9 @@ def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
 # A config tuned for m tokens per expert serves untuned buckets up to this many powers of two away:
 # tile choice changes slowly with m (bench/h200/tune.log), and an entry measured near m beats a guess.
 NEAREST_OCTAVES = 2
+# Lookups remembered by a call's exact tokens per expert (T * k / E: one value per token count a server sees, a few
+# thousand up to its chunk size); past this many entries new values take the bucket path each call.
+MEMO_CALL_KEYS = 8192
 
 
 def owner(target: GpuTarget, *, measured: bool) -> str:
@@ -304,6 +307,12 @@ class ConfigCache:
         decode step (``step_of``) where one was tuned; else the bucket's entry; else the entry of the nearest
         tuned bucket at most ``NEAREST_OCTAVES`` powers of two away (ties go to the larger); else the family's
         heuristic. An entry the family's kernels cannot run (``check_config``) is reported once and passed over."""
+        # by the call's own tokens per expert first: bucket_of and step_of work in Fractions (tens of microseconds a
+        # call, against a dictionary lookup here), and a server calls with a few distinct values
+        call_key = (path, shape.num_experts, shape.hidden, shape.inter, tokens_per_expert)
+        cfg = self._memo.get(call_key)
+        if cfg is not None:
+            return cfg
         bucket, step = bucket_of(tokens_per_expert), step_of(tokens_per_expert)
         memo_key = (path, shape.num_experts, shape.hidden, shape.inter, bucket, step)
         cfg = self._memo.get(memo_key)
@@ -320,6 +329,8 @@ class ConfigCache:
                 gemm2=found[1].config if found[1] else fallback.gemm2,
             )
             self._memo[memo_key] = cfg
+        if len(self._memo) < MEMO_CALL_KEYS:
+            self._memo[call_key] = cfg
         return cfg
 
     def _nearest(self, variant: KernelVariant, kernel: str, enk: tuple[int, int, int], bucket: Bucket) -> Entry | None:

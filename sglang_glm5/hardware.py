@@ -170,12 +170,27 @@ def device_arch(device=None) -> int | None:
     device that is not CUDA or when torch sees no CUDA device."""
     import torch
 
-    if device is not None and torch.device(device).type != "cuda":
-        return None
+    if device is not None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
     if not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+    query = torch.cuda.get_device_capability
+    if device is None or device.index is None:  # the current device, which may change
+        major, minor = query(device)
+        return major * 10 + minor
+    # A device's capability does not change while the process runs, and the op asks on every call (each query
+    # several microseconds): remembered per device index and query function (a test's stand-in GPU has its own).
+    key = (device.index, query)
+    arch = _ARCHS.get(key)
+    if arch is None:
+        major, minor = query(device)
+        arch = _ARCHS[key] = major * 10 + minor
+    return arch
+
+
+_ARCHS: dict[tuple, int] = {}
 
 
 def w4a4_problem(device) -> str | None:

@@ -20,9 +20,9 @@ of E * 2I * H * 2 bytes (1.6 GB for the GLM-5 EP8 layer), reused for w2. Taken b
 from __future__ import annotations
 
 import torch
-import triton
 
 from sglang_glm5 import env, hardware
+from sglang_glm5._ints import cdiv
 
 ENV_MIN_TOKENS = env.DENSE_PREFILL_MIN_TOKENS.name
 # Tokens per expert from which this path serves the call: on an H200 the W4A16 kernels were faster at 256 (GLM-5
@@ -57,7 +57,7 @@ def dequantize_bf16(
     if out is None:
         out = torch.empty((*packed.shape[:-1], k), dtype=torch.bfloat16, device=packed.device)
     block_r, block_k = 32, 256
-    nvfp4_dequant_kernel[(triton.cdiv(rows, block_r), triton.cdiv(k, block_k))](
+    nvfp4_dequant_kernel[(cdiv(rows, block_r), cdiv(k, block_k))](
         w_ptr=packed,
         ws_ptr=scale.view(torch.uint8),
         out_ptr=out,
@@ -101,7 +101,7 @@ def dense_moe(hidden_states, weights, topk_weights, topk_ids, *, out: torch.Tens
     h = torch.empty((rows, inter), dtype=torch.bfloat16, device=device)
     gs13 = weights.w13_scale_2
     block_i = 1024
-    dense_activation_kernel[(rows, triton.cdiv(inter, block_i))](
+    dense_activation_kernel[(rows, cdiv(inter, block_i))](
         gu_ptr=gu, row_expert_ptr=row_expert, sorted_ids_ptr=sorted_ids, wgs13_ptr=gs13, wgs2_ptr=weights.w2_scale_2,
         topk_weights_ptr=topk_weights.reshape(-1), h_ptr=h, inter_size=inter, stride_gur=gu.stride(0),
         stride_gse=gs13.stride(0), stride_gsg=gs13.stride(1) if gs13.dim() == 2 else 0, stride_hr=h.stride(0),

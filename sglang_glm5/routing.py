@@ -15,9 +15,9 @@ import os
 from typing import NamedTuple
 
 import torch
-import triton
 
 from sglang_glm5 import env
+from sglang_glm5._ints import cdiv, next_power_of_2
 from sglang_glm5.hardware import device_arch, launches_dependents
 from sglang_glm5.kernels import nvfp4_route as _k
 from sglang_glm5.nvfp4 import LAYOUTS, activation_period
@@ -144,7 +144,7 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
     per expert)."""
     if num_pairs >= WIDE_ROUTE_PAIRS:
         return (8192 if num_experts <= 64 else 4096), 8
-    return max(16, min(1024, triton.next_power_of_2(num_pairs))), 4
+    return max(16, min(1024, next_power_of_2(num_pairs))), 4
 
 
 # From this many pairs (GLM-5 B >= 1024) the routing is two launches over chunks of the ids (``route_chunked``)
@@ -161,8 +161,8 @@ def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: i
     ids twice."""
     sorted_ids, block_expert, used_blocks = route
     num_pairs = ids.numel()
-    chunks = triton.cdiv(num_pairs, ROUTE_CHUNK)
-    e_pad = max(16, triton.next_power_of_2(num_experts))
+    chunks = cdiv(num_pairs, ROUTE_CHUNK)
+    e_pad = max(16, next_power_of_2(num_experts))
     counts = torch.empty((chunks, e_pad), dtype=torch.int32, device=ids.device)
     _k.route_count_kernel[(chunks + tiles,)](
         ids, counts, used_blocks if zero is None else zero, x, xp, num_pairs, num_experts,
@@ -220,7 +220,7 @@ def route_pairs(
         raise ValueError(f"chain: (c, n) with 0 <= c < n, got {chain}")
     if chains > 1 and each_pair:
         raise ValueError("chain: a routing of every n-th active expert sorts; each_pair does not")
-    num_blocks = num_blocks_bound(num_pairs, triton.cdiv(num_experts, chains), block_m)
+    num_blocks = num_blocks_bound(num_pairs, cdiv(num_experts, chains), block_m)
     if each_pair and num_pairs > num_experts:  # then num_blocks_bound gives a block per pair (and one more)
         raise ValueError(f"each_pair: at most {num_experts} pairs (the experts), got {num_pairs}")
     sorted_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=ids.device)
@@ -230,7 +230,7 @@ def route_pairs(
     x, xp = permute if permute is not None else (used_blocks, used_blocks)
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     rows = permute_rows(num_rows)
-    tiles = triton.cdiv(num_rows, rows) * triton.cdiv(x_cols, PERMUTE_K)
+    tiles = cdiv(num_rows, rows) * cdiv(x_cols, PERMUTE_K)
     if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl and not first_expert and chains == 1:
         route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows)
         return route
@@ -256,7 +256,7 @@ def route_pairs(
         stride_xt=x.stride(0),
         stride_pt=xp.stride(0),
         BLOCK_M=block_m,
-        E_PAD=max(16, triton.next_power_of_2(num_blocks if each_pair else num_experts)),
+        E_PAD=max(16, next_power_of_2(num_blocks if each_pair else num_experts)),
         BLOCK=block,
         PERMUTE=permute is not None,
         PERMUTE_T=rows,
@@ -303,7 +303,7 @@ def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Te
     wgmma = _wgmma_order(layout, k)
     xp = torch.empty((num_rows, k), dtype=x.dtype, device=x.device)
     rows = permute_rows(num_rows)
-    _k.prepare_activations_kernel[(triton.cdiv(num_rows, rows) * triton.cdiv(k, PERMUTE_K),)](
+    _k.prepare_activations_kernel[(cdiv(num_rows, rows) * cdiv(k, PERMUTE_K),)](
         x_ptr=x, xp_ptr=xp, num_rows=num_rows, K=k, stride_xt=x.stride(0), stride_pt=xp.stride(0),
         BLOCK_T=rows, BLOCK_K=PERMUTE_K, WGMMA=wgmma,
     )  # fmt: skip
@@ -338,7 +338,7 @@ def sum_over_slots(
     num_tokens, hidden = out.shape
     block_h = SUM_BLOCK_H_FEW if num_tokens <= SUM_FEW_TOKENS else SUM_BLOCK_H
     splits = y.shape[0] if y.dim() == 3 else 1
-    _k.moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+    _k.moe_sum_kernel[(num_tokens, cdiv(hidden, block_h))](
         y_ptr=y,
         topk_ids_ptr=topk_ids,
         row_map_ptr=row_map if row_map is not None else topk_ids,

@@ -137,6 +137,7 @@ def test_applies_only_where_it_runs(monkeypatch):
 
     monkeypatch.setattr(w4a16_gluon, "interpreting", lambda: False)
     monkeypatch.setattr(w4a16_gluon, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SGLANG_GLM5_GLUON_GEMM1", raising=False)
     assert applies(), "on by default for a config marked Gluon"

@@ -20,9 +20,9 @@ import dataclasses
 from fractions import Fraction
 
 import torch
-import triton
 
 from sglang_glm5 import autotune
+from sglang_glm5._ints import cdiv
 from sglang_glm5.hardware import runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
@@ -58,7 +58,7 @@ def _check_launch(launch: Launch, cfg: GemmConfig, k_size: int) -> None:
 
 def _whole_grid(route: Route, cfg: GemmConfig, k_size: int) -> Launch:
     """One block program per possible block, no split: the grid of a launch that was not planned."""
-    return Launch(route.block_expert.numel(), 1, triton.cdiv(k_size, cfg.block_k) * cfg.block_k)
+    return Launch(route.block_expert.numel(), 1, cdiv(k_size, cfg.block_k) * cfg.block_k)
 
 
 def _grid(launch: Launch, n_programs: int) -> tuple[int, int, int]:
@@ -96,7 +96,7 @@ def launch_gemm1(
         return w4a16_gluon.launch(x, w13, w13_scale, gs13, route, h, top_k, gate_row0, up_row0, splits=launch.splits,
                                   k_per_split=launch.k_per_split, counters=counters, pdl=pdl, tile=cfg,
                                   blocks_last=order, ready=ready)  # fmt: skip
-    tiles = triton.cdiv(inter, cfg.block_n)
+    tiles = cdiv(inter, cfg.block_n)
     split = launch.splits > 1
     part = None
     if split or launch.stream:
@@ -105,7 +105,7 @@ def launch_gemm1(
     if split:
         part = torch.empty((launch.splits, num_pairs, 2, inter), dtype=torch.float32, device=h.device)
     if launch.stream:
-        units = route.block_expert.numel() * tiles * triton.cdiv(x.shape[1], cfg.block_k)
+        units = route.block_expert.numel() * tiles * cdiv(x.shape[1], cfg.block_k)
         if not w4a16_plan.stream_fits(launch.stream, units):
             raise ValueError(f"launch: {launch.stream} stream programs over {units} units overflow int32")
         # two partial tiles (gate and up) per program for its first and its last segment (kernels/nvfp4_moe.py)
@@ -182,7 +182,7 @@ def launch_gemm2(
     num_pairs = h.shape[0]
     w4a16_tiles.check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
     w2 = w2.view(torch.int16)
-    tiles = triton.cdiv(hidden, cfg.block_n)
+    tiles = cdiv(hidden, cfg.block_n)
     if per_program is None:
         per_program = w4a16_plan.gemm2_tiles_per_program(h.shape[1], cfg)
     elif per_program < 1:
@@ -209,7 +209,7 @@ def launch_gemm2(
                                  k_per_split=launch.k_per_split, per_program=per_program, pdl=pdl,
                                  tile=cfg)  # fmt: skip
         return
-    groups = triton.cdiv(tiles, per_program)
+    groups = cdiv(tiles, per_program)
     grid = _grid(launch, groups)
     compiled = _k.nvfp4_moe_gemm2_kernel[grid](
         h_ptr=h,
@@ -378,7 +378,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                 launch_gemm2(h, part.w2, part.w2_scale, part.w2_scale_2, flat_weights, route2, y, cfg.gemm2,
                              interpret, per_program=per_program, launch=launch2, layout=weights.layout,
                              pdl=pdl.get("gemm2", False), ready=ready,
-                             ready_tiles=triton.cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
+                             ready_tiles=cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
     finally:
         for side in forked:  # joined even when a launch raised, so that a capture never ends with a stream forked
             main.wait_stream(side)

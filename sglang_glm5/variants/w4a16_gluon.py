@@ -24,7 +24,7 @@ import re
 import torch
 
 from sglang_glm5 import env
-from sglang_glm5.hardware import wgmma_from_registers
+from sglang_glm5.hardware import device_arch, wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig, k_splits_cover
 
@@ -132,8 +132,8 @@ def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dt
         return False
     if layout != "kernel_wgmma" or k_size % tile.block_k or (tile.producer and not producer_available()):
         return False
-    major, minor = torch.cuda.get_device_capability(device)
-    return runs_on(10 * major + minor)
+    arch = device_arch(device)
+    return arch is not None and runs_on(arch)
 
 
 def prefill_forms(kernel: str, tile: GemmConfig) -> list[GemmConfig]:

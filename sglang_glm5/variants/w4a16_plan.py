@@ -15,9 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import triton
-
 from sglang_glm5 import env
+from sglang_glm5._ints import cdiv
 from sglang_glm5.routing import num_blocks_bound
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig
@@ -196,10 +195,10 @@ def plan_gemms(
         return bound, min(bound, expected_blocks(num_pairs, num_experts, num_global_experts, gemm.block_m))
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
-    tiles1 = triton.cdiv(inter, cfg.gemm1.block_n)
+    tiles1 = cdiv(inter, cfg.gemm1.block_n)
     within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
-    steps = triton.cdiv(hidden, cfg.gemm1.block_k)
+    steps = cdiv(hidden, cfg.gemm1.block_k)
     stream = cfg.gemm1.stream * sms
     if (
         stream
@@ -207,12 +206,12 @@ def plan_gemms(
         and stream_fits(stream, blocks1[0] * tiles1 * steps)
     ):
         launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
-    tiles2 = triton.cdiv(hidden, cfg.gemm2.block_n)
+    tiles2 = cdiv(hidden, cfg.gemm2.block_n)
     per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
     least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
-    while per_program > least and blocks2[1] * triton.cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
+    while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
-    launch2 = plan_launch(inter, cfg.gemm2, triton.cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
+    launch2 = plan_launch(inter, cfg.gemm2, cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
     return GemmPlan(launch1, launch2, per_program, counters)
@@ -363,9 +362,9 @@ def split_candidates(
 
 def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
     """(splits, K elements per split) for at most ``want`` splits (and MAX_SPLITS) of whole K steps, none empty."""
-    steps = triton.cdiv(k_size, block_k)
-    per_split = triton.cdiv(steps, max(1, min(steps, want, MAX_SPLITS)))
-    return triton.cdiv(steps, per_split), per_split * block_k
+    steps = cdiv(k_size, block_k)
+    per_split = cdiv(steps, max(1, min(steps, want, MAX_SPLITS)))
+    return cdiv(steps, per_split), per_split * block_k
 
 
 def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
@@ -375,7 +374,7 @@ def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     K steps) 4-8 tiles per program made gemm2 5-29% faster; with I = 2048 (EP8: 8-32 steps) one tile
     per program was 1-9% faster than several.
     """
-    return max(1, 8 // triton.cdiv(inter, cfg.block_k))
+    return max(1, 8 // cdiv(inter, cfg.block_k))
 
 
 def resident_aim(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_glm5._ints import cdiv
 from sglang_glm5.hardware import runs_w4a4
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import KernelVariant
@@ -138,15 +139,13 @@ def aot_job(kernel: str, cfg: dict, arch: int) -> dict:
 
 def quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> (packed [T, H/2] uint8, e4m3 scales [T, H/16] uint8) with the global scale a1 [1] fp32."""
-    import triton
-
     from sglang_glm5.kernels import nvfp4_w4a4 as k
 
     num_tokens, hidden = x.shape
     xq = torch.empty((num_tokens, hidden // 2), dtype=torch.uint8, device=x.device)
     xs = torch.empty((num_tokens, hidden // 16), dtype=torch.uint8, device=x.device)
     block_t, block_k = 16, 256
-    k.nvfp4_quantize_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(hidden, block_k))](
+    k.nvfp4_quantize_kernel[(cdiv(num_tokens, block_t), cdiv(hidden, block_k))](
         x_ptr=x, global_scale_ptr=a1, xq_ptr=xq, xs_ptr=xs, num_rows=num_tokens, K=hidden,
         stride_xt=x.stride(0), stride_qt=xq.stride(0), stride_st=xs.stride(0), BLOCK_T=block_t, BLOCK_K=block_k,
     )  # fmt: skip
@@ -155,13 +154,11 @@ def quantize_activations(x: torch.Tensor, a1: torch.Tensor) -> tuple[torch.Tenso
 
 def launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmConfig, top_k: int,
                  gate_row0: int, up_row0: int, emulate_dot: bool) -> None:  # fmt: skip
-    import triton
-
     from sglang_glm5.kernels import nvfp4_w4a4 as k
 
     sorted_ids, block_expert = route
     num_pairs, inter = hq.shape[0], hq.shape[1] * 2
-    k.nvfp4_w4a4_gemm1_kernel[(block_expert.numel(), triton.cdiv(inter, cfg.block_n))](
+    k.nvfp4_w4a4_gemm1_kernel[(block_expert.numel(), cdiv(inter, cfg.block_n))](
         xq_ptr=xq, xs_ptr=xs, a1_ptr=a1, w_ptr=w13, ws_ptr=w13_scale.view(torch.uint8), wgs_ptr=gs13, a2_ptr=a2,
         sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, hq_ptr=hq, hs_ptr=hs,
         num_pairs=num_pairs, top_k=top_k, inter_size=inter, hidden_size=xq.shape[1] * 2,
@@ -176,13 +173,11 @@ def launch_gemm1(xq, xs, a1, w13, w13_scale, gs13, a2, route, hq, hs, cfg: GemmC
 
 def launch_gemm2(hq, hs, a2, w2, w2_scale, gs2, topk_weights_flat, route, y, cfg: GemmConfig,
                  emulate_dot: bool, interpret: bool) -> None:  # fmt: skip
-    import triton
-
     from sglang_glm5.kernels import nvfp4_w4a4 as k
 
     sorted_ids, block_expert = route
     num_pairs, hidden = y.shape
-    k.nvfp4_w4a4_gemm2_kernel[(block_expert.numel(), triton.cdiv(hidden, cfg.block_n))](
+    k.nvfp4_w4a4_gemm2_kernel[(block_expert.numel(), cdiv(hidden, cfg.block_n))](
         hq_ptr=hq, hs_ptr=hs, a2_ptr=a2, w_ptr=w2, ws_ptr=w2_scale.view(torch.uint8), wgs_ptr=gs2,
         topk_weights_ptr=topk_weights_flat, sorted_ids_ptr=sorted_ids, block_expert_ptr=block_expert, y_ptr=y,
         num_pairs=num_pairs, hidden_size=hidden, inter_size=hq.shape[1] * 2,
