@@ -34,12 +34,12 @@ H200 measurements (``bench/README.md``, "gemm1 in Gluon", run 34): the op 0.84-0
 gemm1, 0.89-0.95x at B = 2048-8192 (chunked prefill).
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
+from sglang_glm5._ints import cdiv
 from sglang_glm5.kernels.nvfp4_decode import decode_ptx
 
 # The decode of bf16 weights in the kernel_wgmma layout (2), code position q: a 32-bit scale code per register.
@@ -575,4 +575,4 @@ def nvfp4_moe_gemm2_gluon_kernel(
 
 def grid(num_blocks: int, n_size: int, block_n: int, splits: int, per_program: int = 1) -> tuple[int, int, int]:
     """The launch grid: a program per possible block, N tile (or group of ``per_program`` tiles) and K split."""
-    return num_blocks, triton.cdiv(triton.cdiv(n_size, block_n), per_program), splits
+    return num_blocks, cdiv(cdiv(n_size, block_n), per_program), splits
