@@ -61,6 +61,20 @@ def cases(gen: torch.Generator, batches):
             yield name, layout, bundles, batch, inputs
 
 
+def op_calls(inputs, bundles, op=None):
+    """A function that calls the op (``op``, default ``moe.fused_moe``) on each of ``inputs`` in turn, the layer
+    copies ``bundles`` taking turns, as the plugin calls it (``OP_KWARGS``)."""
+    from sglang_glm5.moe import fused_moe
+
+    op = op or fused_moe
+
+    def calls():
+        for i, (x, w, ids) in enumerate(inputs):
+            op(x, bundles[i % len(bundles)], w, ids, **OP_KWARGS)
+
+    return calls
+
+
 def kernel_us(fn, calls: int) -> dict[str, float]:
     """Device microseconds per call of each kernel of ``fn`` (which makes ``calls`` calls), from a graph replay."""
     fn()

@@ -23,9 +23,7 @@ from pathlib import Path
 
 import torch
 import triton.testing
-from decode_cases import OP_KWARGS, cases, generator, kernel_us
-
-from sglang_glm5.moe import fused_moe
+from decode_cases import cases, generator, kernel_us, op_calls
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "2048,8192").split(","))
 CALLS = 4  # routings a timing goes over
@@ -37,10 +35,7 @@ def main(out: Path) -> None:
     rows = []
     for name, _layout, bundles, batch, inputs in cases(gen, BATCHES):
         inputs = inputs[:CALLS]
-
-        def calls(inputs=inputs, bundles=bundles):
-            for i, (x, w, ids) in enumerate(inputs):
-                fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS)
+        calls = op_calls(inputs, bundles)
 
         calls()  # compile and allocate
         torch.cuda.synchronize()

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import torch
 import triton.testing
-from decode_cases import OP_KWARGS, cases, generator
-
-from sglang_glm5.moe import fused_moe
+from decode_cases import cases, generator, op_calls
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,8,64,256,2048").split(","))
 CALLS = 4
@@ -35,10 +33,7 @@ def main(out: Path) -> None:
     report = io.StringIO()
     for name, _layout, bundles, batch, inputs in cases(gen, BATCHES):
         inputs = inputs[:CALLS]
-
-        def calls(inputs=inputs, bundles=bundles):
-            for i, (x, w, ids) in enumerate(inputs):
-                fused_moe(x, bundles[i % 2], w, ids, **OP_KWARGS)
+        calls = op_calls(inputs, bundles)
 
         calls()
         torch.cuda.synchronize()

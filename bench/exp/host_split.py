@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import triton
-from decode_cases import OP_KWARGS, cases, generator
+from decode_cases import cases, generator, op_calls
 from triton.runtime.jit import JITFunction
 
 from sglang_glm5 import autotune, moe
@@ -83,10 +83,7 @@ def main(out: Path) -> None:
             for a, v in attrs.items():
                 setattr(w4a16_plan, a, v)
             try:
-
-                def calls(inputs=inputs, bundles=bundles):
-                    for i, (x, w, ids) in enumerate(inputs):
-                        fused(x, bundles[i % 2], w, ids, **OP_KWARGS)
+                calls = op_calls(inputs, bundles, fused)
 
                 calls()
                 torch.cuda.synchronize()
