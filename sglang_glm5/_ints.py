@@ -13,5 +13,5 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n for n >= 1, and 0 for 0, as ``triton.next_power_of_2``."""
-    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+    """The smallest power of two >= n (1 for n <= 1), as ``triton.next_power_of_2`` for n >= 1."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -18,5 +18,8 @@ def test_cdiv_is_tritons(b):
 
 
 def test_next_power_of_2_is_tritons():
-    for n in [*range(0, 1100), 4095, 4096, 4097, 65537, 2**31 - 1]:
+    # from 1: at 0 Triton 3.8 answers 0 as a language function and 1 once the interpreter has replaced it (the op
+    # asks for at least 1 everywhere)
+    for n in [*range(1, 1100), 4095, 4096, 4097, 65537, 2**31 - 1]:
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
+    assert next_power_of_2(0) == 1
