@@ -104,6 +104,24 @@ def test_decode_lookups_borrow_only_decode_buckets_nearby(tmp_path):
     assert ConfigCache(SM120, [tmp_path / "none.json"]).lookup(SHAPE, 1 / 32) == w4a16_tiles.heuristic_config(1 / 32)
 
 
+def test_a_repeated_lookup_skips_the_bucket_arithmetic(tmp_path, monkeypatch):
+    # The op looks its tiles up on every call: a value seen before is answered from the memo, without the Fraction
+    # arithmetic of bucket_of / step_of (tens of microseconds a call on the GPU machines' hosts); the answer is the
+    # one the bucket path gave, and a new value still takes that path.
+    path = tmp_path / "c.json"
+    decode = GemmConfig(16, 64, 256, 4, 3)
+    autotune.store(path, SM120, {_key("gemm1", Fraction(1, 8)): _entry(decode)})
+    cache = ConfigCache(SM120, [path])
+    first = cache.lookup(SHAPE, 3 / 256)
+    buckets = []
+    bucket_of = autotune.bucket_of
+    monkeypatch.setattr(autotune, "bucket_of", lambda m: buckets.append(m) or bucket_of(m))
+    assert cache.lookup(SHAPE, 3 / 256) is first and first.gemm1 == decode
+    assert buckets == []
+    assert cache.lookup(SHAPE, 5 / 256).gemm1 == decode
+    assert buckets == [5 / 256]
+
+
 def test_tune_takes_fractional_batch_sizes_and_w4a4_refuses_them(tmp_path, capsys):
     from sglang_glm5.cli import main
 
