@@ -60,3 +60,23 @@ def test_a_cuda_device_is_asked_its_capability(monkeypatch, arch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert hardware.w4a4_problem(cuda) == "cuda:0, but torch sees no CUDA device"
     assert hardware.device_arch(cuda) is None
+
+
+def test_a_devices_capability_is_asked_once_per_index(monkeypatch):
+    # The op asks on every call; a device's capability is remembered per index, and per query function (a stand-in
+    # GPU gets its own answers); "cuda" without an index is the current device, which may change: asked each time.
+    asked = []
+
+    def query(device=None):
+        asked.append(device)
+        return (9, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", query)
+    assert [hardware.device_arch(torch.device("cuda", 1)) for _ in range(3)] == [90] * 3
+    assert hardware.device_arch("cuda:2") == 90
+    assert len(asked) == 2, asked
+    assert hardware.device_arch("cuda") == hardware.device_arch("cuda") == 90
+    assert len(asked) == 4, asked
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    assert hardware.device_arch(torch.device("cuda", 1)) == 120
