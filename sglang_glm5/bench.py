@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_glm5._ints import cdiv
 from sglang_glm5.bench_real import copy_bandwidth, dequantize_bf16, grouped_mm_moe
 from sglang_glm5.shapes import MoeShape
 
@@ -193,7 +194,7 @@ def rotating_layers(shape: MoeShape, gen: torch.Generator, *, w4a4: bool = False
     from sglang_glm5.testing import random_layer
 
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-    copies = max(1, -(-2 * l2 // shape.weight_bytes))
+    copies = max(1, cdiv(2 * l2, shape.weight_bytes))
     layers = [random_layer(shape.num_experts, shape.hidden, shape.inter, gen, "cuda") for _ in range(copies)]
     return [layer.served(w4a4=w4a4) for layer in layers]
 

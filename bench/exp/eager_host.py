@@ -25,6 +25,8 @@ import torch
 import triton.testing
 from decode_cases import cases, generator, kernel_us, op_calls
 
+from sglang_glm5.bench import environment
+
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "2048,8192").split(","))
 CALLS = 4  # routings a timing goes over
 ISSUE_ROUNDS = 5
@@ -63,7 +65,7 @@ def main(out: Path) -> None:
             flush=True,
         )
         torch.cuda.empty_cache()
-    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
+    env = environment()
     (out / "eager_host.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
 
 

@@ -21,6 +21,8 @@ import torch
 import triton.testing
 from decode_cases import cases, generator, op_calls
 
+from sglang_glm5.bench import environment
+
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,8,64,256,2048").split(","))
 CALLS = 4
 ROUNDS = 5
@@ -71,7 +73,7 @@ def main(out: Path) -> None:
         stats.sort_stats("cumulative").print_stats(TOP)
         torch.cuda.empty_cache()
     (out / "host_profile.log").write_text(report.getvalue())
-    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
+    env = environment()
     (out / "host_profile.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
 
 

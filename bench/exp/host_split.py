@@ -20,11 +20,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import triton
 from decode_cases import cases, generator, op_calls
 from triton.runtime.jit import JITFunction
 
 from sglang_glm5 import autotune, moe
+from sglang_glm5.bench import environment
 from sglang_glm5.variants import w4a16, w4a16_plan
 
 BATCHES = tuple(int(b) for b in os.environ.get("EXP_BATCHES", "1,8,64,2048").split(","))
@@ -107,7 +107,7 @@ def main(out: Path) -> None:
             print(f"{name} B={batch} {setting}: wall {us['wall']:.0f} us/call (rounds {min(walls):.0f}-"
                   f"{max(walls):.0f}, median {statistics.median(walls):.0f}): {parts}", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
-    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__}
+    env = environment()
     (out / "host_split.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
 
 

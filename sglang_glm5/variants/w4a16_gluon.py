@@ -24,6 +24,7 @@ import re
 import torch
 
 from sglang_glm5 import env
+from sglang_glm5._ints import cdiv
 from sglang_glm5.hardware import device_arch, wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig, k_splits_cover
@@ -152,7 +153,7 @@ def prefill_forms(kernel: str, tile: GemmConfig) -> list[GemmConfig]:
 
 def counters_needed(num_blocks: int, inter: int, tile: GemmConfig = TILE) -> int:
     """The zeroed int32 counters a split launch needs: one per (block, N tile)."""
-    return num_blocks * -(-inter // tile.block_n)
+    return num_blocks * cdiv(inter, tile.block_n)
 
 
 def launch(
