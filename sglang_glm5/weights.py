@@ -210,28 +210,30 @@ class Nvfp4MoeWeights:
             return None
         return per_expert_scale(self.w2_input_scale, self.num_experts, "w2_input_scale", self.device)
 
-    @property
+    # The sizes and the device, read on every call of the op: remembered (the tensors' shapes never change).
+
+    @cached_property
     def num_experts(self) -> int:
         return self.w13.shape[0]
 
-    @property
+    @cached_property
     def hidden(self) -> int:
         return self.w13.shape[2] * 2
 
-    @property
+    @cached_property
     def inter(self) -> int:
         return self.w13.shape[1] // 2
 
-    @property
+    @cached_property
     def device(self) -> torch.device:
         return self.w13.device
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, int, int]:
         """(E, H, I)."""
         return self.num_experts, self.hidden, self.inter
 
-    @property
+    @cached_property
     def gate_up_rows(self) -> tuple[int, int]:
         """(first gate row, first up row) of w13."""
         return (0, self.inter) if self.w13_order == "gate_up" else (self.inter, 0)

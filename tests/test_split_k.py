@@ -81,7 +81,7 @@ def test_op_with_few_active_experts_matches_float64_reference(case, gen, device)
     _, _, _, ids, want, args = _inputs(case, gen, device)
     sms = w4a16_plan.sm_count(None if device.type == "cpu" else device.index or 0)
     cfg = w4a16_tiles.heuristic_config(1)
-    bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
+    bound = routing.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     # As under 8-way expert parallelism: the op expects few local blocks from T * k / (8 E) pairs.
     expected = w4a16_plan.expected_blocks(ids.numel(), case.num_experts, 8 * case.num_experts, cfg.gemm1.block_m)
     tiles = -(-case.inter // cfg.gemm1.block_n)
@@ -109,7 +109,7 @@ def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, 
     tiles1 = -(-case.inter // cfg.block_n)
 
     def gemm1(n: int) -> torch.Tensor:
-        bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
+        bound = routing.num_blocks_bound(ids.numel(), case.num_experts, cfg.block_m)
         counters = torch.full((bound * tiles1,), 7, dtype=torch.int32, device=device)  # the route zeroes them
         route = routing.route_pairs(ids_d, case.num_experts, cfg.block_m, zero=counters)
         launch = w4a16_plan.Launch(1, *w4a16_plan.k_splits(case.hidden, cfg.block_k, n))
@@ -174,7 +174,7 @@ def test_plan_takes_the_whole_grid_when_few_blocks_would_idle():
     glm5 = MoeConfig(GemmConfig(16, 128, 256), GemmConfig(16, 128, 256))
     for batch, whole in ((256, True), (257, False)):
         plan = w4a16_plan.plan_gemms(glm5, batch * 8, 32, 256, 6144, 2048, 132)
-        bound = w4a16.num_blocks_bound(batch * 8, 32, 16)
+        bound = routing.num_blocks_bound(batch * 8, 32, 16)
         assert (plan.gemm1.block_programs == bound) == whole and (plan.gemm2.block_programs == bound) == whole, batch
 
 
@@ -186,7 +186,7 @@ def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
     sms = w4a16_plan.sm_count(None if device.type == "cpu" else device.index or 0)
     cfg = w4a16_tiles.heuristic_config(1)
     plan = w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
-    bound = w4a16.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
+    bound = routing.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     assert plan.gemm1.block_programs == bound and plan.gemm1.blocks_last == (plan.gemm1.splits > 1)
     if device.type == "cpu":
         assert plan.gemm1.blocks_last, "the interpreter's small GPU should make the op split gemm1's K"

@@ -26,15 +26,7 @@ from sglang_glm5._ints import cdiv
 from sglang_glm5.hardware import runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
 from sglang_glm5.nvfp4 import LAYOUTS
-from sglang_glm5.routing import (
-    CHUNKED_ROUTE_PAIRS,
-    Route,
-    interpreting,
-    num_blocks_bound,
-    route_pairs,
-    sum_over_slots,
-    uses_pdl,
-)
+from sglang_glm5.routing import Route, interpreting, route_pairs, sum_over_slots
 from sglang_glm5.tiles import GemmConfig, MoeConfig, k_splits_cover
 from sglang_glm5.variants import KernelVariant, w4a16_gluon, w4a16_pairs, w4a16_plan, w4a16_tiles
 from sglang_glm5.variants.w4a16_plan import Launch
@@ -71,7 +63,7 @@ def _grid(launch: Launch, n_programs: int) -> tuple[int, int, int]:
 def launch_gemm1(
     x, w13, w13_scale, gs13, route: Route, h, cfg: GemmConfig, top_k, gate_row0, up_row0, interpret,
     *, launch: Launch | None = None, counters: torch.Tensor | None = None, layout: str = "checkpoint",
-    pdl: bool = False, ready: torch.Tensor | None = None,
+    pdl: bool = False, ready: torch.Tensor | None = None, gluon: bool | None = None,
 ):  # fmt: skip
     """gemm1 into h [P, I]. ``launch`` (default: a program per possible block, no split) with splits > 1 or a
     stream-K schedule needs ``counters``: int32, at least num_blocks * N tiles, zeroed (``route_pairs(zero=...)``).
@@ -79,7 +71,8 @@ def launch_gemm1(
     (``routing.uses_pdl``). ``ready``: int32 [num_blocks], zeroed: each block's stored N tiles are counted there, for
     a gemm2 launched with the same tensor (``launch_gemm2``; not with a stream-K schedule). A config marked ``gluon``
     runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits), else
-    this one. Returns the fp32 scratch the launch writes (split or stream-K partials), or None: a caller whose next
+    this one; ``gluon``: that answer, where the caller has it (``w4a16_plan.CallPlan.gluon``). Returns the fp32
+    scratch the launch writes (split or stream-K partials), or None: a caller whose next
     launch may run beside this one (``ready``) keeps it alive until then, so that the allocator does not hand its
     memory to that launch while this one still uses it."""
     num_pairs, inter = h.shape
@@ -89,7 +82,9 @@ def launch_gemm1(
     _check_ready(ready, route)
     if ready is not None and launch.stream:
         raise ValueError("ready: per-block ready counters need a planned grid, got a stream-K schedule")
-    if w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype):
+    if gluon is None:
+        gluon = w4a16_gluon.applies(h.device, layout, x.shape[1], cfg, x.dtype)
+    if gluon:
         # an unsplit launch's blocks-last order carries over; otherwise the Gluon launch's own rule (its split form
         # has not run in that order on a GPU)
         order = True if launch.blocks_last and launch.splits == 1 else None
@@ -168,7 +163,7 @@ def _check_ready(ready: torch.Tensor | None, route: Route) -> None:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    ready: torch.Tensor | None = None, ready_tiles: int = 0,
+    ready: torch.Tensor | None = None, ready_tiles: int = 0, gluon: bool | None = None,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -177,7 +172,7 @@ def launch_gemm2(
     program waits until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1
     (with ``pdl``, while gemm1 still runs). A config marked ``gluon`` runs the Gluon kernel where
     ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles per program), else this
-    one."""
+    one; ``gluon`` as ``launch_gemm1``."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     w4a16_tiles.check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
@@ -202,7 +197,9 @@ def launch_gemm2(
     _check_ready(ready, route)
     if ready is not None and ready_tiles < 1:
         raise ValueError(f"ready_tiles: expected gemm1's N tiles a block (>= 1), got {ready_tiles}")
-    if w4a16_gluon.applies(h.device, layout, h.shape[1], cfg, h.dtype):
+    if gluon is None:
+        gluon = w4a16_gluon.applies(h.device, layout, h.shape[1], cfg, h.dtype)
+    if gluon:
         if ready is not None:
             raise ValueError(f"ready: the Gluon gemm2 ({cfg.label}) waits for the whole of gemm1")
         w4a16_gluon.launch_gemm2(h, w2, w2_scale, gs2, topk_weights_flat, route, y, splits=launch.splits,
@@ -298,52 +295,33 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     device = hidden_states.device
     interpret = interpreting()
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
-    index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
-    sms = w4a16_plan.sm_count(index)
-    groups = w4a16_plan.expert_groups(
-        num_pairs, num_experts, num_global, num_pairs < CHUNKED_ROUTE_PAIRS,
-        w4a16_plan.gemm2_tiles_per_program(inter, cfg.gemm2),
-    )  # fmt: skip
-    group_experts = num_experts // groups
-    # the chains' experts: each chain every groups-th active expert (the weights whole), or each a contiguous group
-    interleaved = groups > 1 and w4a16_plan.interleaves(num_pairs, num_global)
-
-    chain_sms = w4a16_plan.chain_sms(sms, groups)  # one chain: all of them
-    plan = w4a16_plan.plan_gemms(cfg, num_pairs, group_experts, num_global, hidden, inter, chain_sms)
-    may_pdl = uses_pdl(device)
-    gluon2 = w4a16_gluon.applies(device, weights.layout, inter, cfg.gemm2, hidden_states.dtype)
-    tail = not gluon2 and w4a16_plan.overlaps_tail(cfg, plan, num_pairs, num_global, may_pdl or interpret)
-    if tail:  # a block's N tiles side by side in both GEMMs
-        plan = w4a16_plan.in_tail_order(plan)
-    launch1, launch2, per_program = plan.gemm1, plan.gemm2, plan.per_program
-    below = num_pairs < w4a16_plan.PDL_BELOW_TOKENS_PER_EXPERT * num_global
-    pdl = dict.fromkeys(w4a16_plan.PDL_LAUNCHES, may_pdl and (below or tail))
-    awaits = tail or (
-        not gluon2 and w4a16_plan.awaits_blocks(cfg, plan, num_pairs, num_global, pdl["gemm2"] or interpret)
-    )
-    n_ready = num_blocks_bound(num_pairs, group_experts, cfg.gemm1.block_m) if awaits else 0
-    n_counters = plan.counters
+    plan = w4a16_plan.call_plan(cfg, num_pairs, num_experts, num_global, hidden, inter, device, hidden_states.dtype,
+                                weights.layout)  # fmt: skip
+    launch1, launch2, per_program = plan.gemms.gemm1, plan.gemms.gemm2, plan.gemms.per_program
+    groups, n_counters = plan.chains, plan.gemms.counters
     # each chain's split and ready counters, zeroed by its routing launch
     counters = [
-        torch.empty(n_counters + n_ready, dtype=torch.int32, device=device) if n_counters + n_ready else None
+        torch.empty(n_counters + plan.ready, dtype=torch.int32, device=device) if n_counters + plan.ready else None
         for _ in range(groups)
     ]
     xp = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=device)  # x in the GEMMs' K order
-    each_pair = num_pairs <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, group_experts) and not interleaved
     h = torch.empty((num_pairs, inter), dtype=hidden_states.dtype, device=device)
     if launch2.splits > 1:
         y = torch.empty((launch2.splits, num_pairs, hidden), dtype=torch.float32, device=device)
     else:
         y = torch.empty((num_pairs, hidden), dtype=hidden_states.dtype, device=device)
     flat_weights = topk_weights.reshape(-1).contiguous()
-    # each later chain's stream (the interpreter runs the chains one after the other)
-    main = torch.cuda.current_stream(device) if groups > 1 and not interpret else None
-    sides = [None, *_side_streams(index, groups, main)] if main is not None else None
+    main = sides = None
+    if groups > 1 and not interpret:  # each later chain's stream (the interpreter runs the chains one after the other)
+        main = torch.cuda.current_stream(device)
+        sides = [None, *_side_streams(device.index if device.index is not None else torch.cuda.current_device(),
+                                      groups, main)]  # fmt: skip
 
     def on_chain(group: int):
         return torch.cuda.stream(sides[group]) if group and sides else contextlib.nullcontext()
 
     gate_row0, up_row0 = weights.gate_up_rows
+    route_pdl = "route" in plan.pdl
     routes, scratch = [], []
     forked = []
     try:
@@ -352,37 +330,38 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                 sides[group].wait_stream(main)
                 forked.append(sides[group])
             with on_chain(group):
-                if groups == 1 or interleaved:  # every groups-th active expert of all, by its own id
+                if groups == 1 or plan.interleaved:  # every groups-th active expert of all, by its own id
                     own, experts, part = num_experts, {"chain": (group, groups)}, weights
                 else:  # the group's experts, as ids 0 .. group_experts - 1
-                    first = group * group_experts
-                    own, experts = group_experts, {"first_expert": first}
-                    part = _expert_group(weights, first, group_experts)
+                    first = group * plan.chain_experts
+                    own, experts = plan.chain_experts, {"first_expert": first}
+                    part = _expert_group(weights, first, plan.chain_experts)
                 route1 = route_pairs(topk_ids, own, cfg.gemm1.block_m, zero=counters[group],
-                                     permute=None if group else (hidden_states, xp), pdl=pdl.get("route", False),
-                                     layout=weights.layout, each_pair=each_pair, **experts)  # fmt: skip
+                                     permute=None if group else (hidden_states, xp), pdl=route_pdl,
+                                     layout=weights.layout, each_pair=plan.each_pair, **experts)  # fmt: skip
                 route2 = route1
                 if cfg.gemm2.block_m != cfg.gemm1.block_m:
-                    route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=pdl.get("route", False),
-                                         each_pair=each_pair, **experts)  # fmt: skip
+                    route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=route_pdl, each_pair=plan.each_pair,
+                                         **experts)  # fmt: skip
                 routes.append((route1, route2, part))
         # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
         # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)
         for group, (route1, route2, part) in enumerate(routes):
-            ready = counters[group][n_counters:] if awaits else None
+            ready = counters[group][n_counters:] if plan.ready else None
             with on_chain(group):
                 part1 = launch_gemm1(xp, part.w13, part.w13_scale, part.w13_scale_2, route1, h, cfg.gemm1, top_k,
                                      gate_row0, up_row0, interpret, launch=launch1, counters=counters[group],
-                                     layout=weights.layout, pdl=pdl.get("gemm1", False), ready=ready)  # fmt: skip
+                                     layout=weights.layout, pdl="gemm1" in plan.pdl, ready=ready,
+                                     gluon=plan.gluon[0])  # fmt: skip
                 scratch.append(part1)
                 launch_gemm2(h, part.w2, part.w2_scale, part.w2_scale_2, flat_weights, route2, y, cfg.gemm2,
                              interpret, per_program=per_program, launch=launch2, layout=weights.layout,
-                             pdl=pdl.get("gemm2", False), ready=ready,
-                             ready_tiles=cdiv(inter, cfg.gemm1.block_n))  # fmt: skip
+                             pdl="gemm2" in plan.pdl, ready=ready, ready_tiles=plan.ready_tiles,
+                             gluon=plan.gluon[1])  # fmt: skip
     finally:
         for side in forked:  # joined even when a launch raised, so that a capture never ends with a stream forked
             main.wait_stream(side)
-    sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl=pdl.get("sum", False))
+    sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl="sum" in plan.pdl)
     del scratch
     return out
 

@@ -4,7 +4,8 @@ At decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so t
 alone cannot fill the GPU: the K loop is then split (``plan_gemms``, from sizes known on the host, no sync). Beside
 the grids: the launches that use programmatic dependent launch, where gemm2 waits for its routing block's h alone
 (``awaits_blocks``) or fills gemm1's last wave (``overlaps_tail``), and the other plans the tuner times for a tile
-(``split_candidates``). Each rule's constant says where it was measured.
+(``split_candidates``). Each rule's constant says where it was measured. ``call_plan`` gathers every rule's answer for
+one call of the op (``CallPlan``), once per distinct call.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sglang_glm5 import env
+import torch
+
+from sglang_glm5 import env, routing
 from sglang_glm5._ints import cdiv
-from sglang_glm5.routing import num_blocks_bound
+from sglang_glm5.routing import interpreting, num_blocks_bound, uses_pdl
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig
 from sglang_glm5.variants import Bucket, w4a16_gluon
@@ -392,3 +397,111 @@ def resident_aim(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket) 
 def halves(cfg: GemmConfig, per_program: int) -> bool:
     """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, a tile that can."""
     return GEMM2_HALVES and per_program == 1 and halvable(cfg)
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one call of the W4A16 op launches (``w4a16.run``), decided on the host from its sizes, tiles, device and
+    switches alone, never from tensor values: every call of the same shape gets the same plan (``call_plan``)."""
+
+    cfg: MoeConfig
+    chains: int  # 1, or CHAINS (``expert_groups``), each over chain_experts of the local experts
+    chain_experts: int
+    interleaved: bool  # each chain takes every CHAINS-th active expert (``interleaves``), else a contiguous group
+    gemms: GemmPlan  # each chain's grids (``plan_gemms`` for its share of the experts and the SMs)
+    pdl: frozenset[str]  # the launches of PDL_LAUNCHES that use programmatic dependent launch
+    ready: int  # per-block ready counters a chain needs: gemm2 waits for its block's h alone; 0: for all of gemm1
+    ready_tiles: int  # gemm1's N tiles a block: what a block's ready counter reaches
+    each_pair: bool  # the routing gives each pair a block of its own (``routing.route_pairs``)
+    gluon: tuple[bool, bool]  # (gemm1, gemm2) run in Gluon (``w4a16_gluon.applies``)
+
+
+def plan_call(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
+    device: torch.device, dtype: torch.dtype, layout: str, sms: int,
+) -> CallPlan:  # fmt: skip
+    """The plan of one call on ``device`` (``sms`` SMs): the rules above, applied in the order the op launches by
+    (chains, grids, PDL, the wait for gemm1, the routing's form)."""
+    interpret = interpreting()
+    chains = expert_groups(num_pairs, num_experts, num_global_experts, num_pairs < routing.CHUNKED_ROUTE_PAIRS,
+                           gemm2_tiles_per_program(inter, cfg.gemm2))  # fmt: skip
+    chain_experts = num_experts // chains
+    interleaved = chains > 1 and interleaves(num_pairs, num_global_experts)
+    plan = plan_gemms(cfg, num_pairs, chain_experts, num_global_experts, hidden, inter, chain_sms(sms, chains))
+    may_pdl = uses_pdl(device)
+    gluon = (w4a16_gluon.applies(device, layout, hidden, cfg.gemm1, dtype),
+             w4a16_gluon.applies(device, layout, inter, cfg.gemm2, dtype))  # fmt: skip
+    tail = not gluon[1] and overlaps_tail(cfg, plan, num_pairs, num_global_experts, may_pdl or interpret)
+    if tail:  # a block's N tiles side by side in both GEMMs
+        plan = in_tail_order(plan)
+    below = num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global_experts
+    pdl = frozenset(PDL_LAUNCHES) if may_pdl and (below or tail) else frozenset()
+    awaits = tail or (
+        not gluon[1] and awaits_blocks(cfg, plan, num_pairs, num_global_experts, "gemm2" in pdl or interpret)
+    )
+    return CallPlan(
+        cfg=cfg,
+        chains=chains,
+        chain_experts=chain_experts,
+        interleaved=interleaved,
+        gemms=plan,
+        pdl=pdl,
+        ready=num_blocks_bound(num_pairs, chain_experts, cfg.gemm1.block_m) if awaits else 0,
+        ready_tiles=cdiv(inter, cfg.gemm1.block_n),
+        each_pair=num_pairs <= min(EACH_PAIR_MAX_PAIRS, chain_experts) and not interleaved,
+        gluon=gluon,
+    )
+
+
+# The switches a plan reads (their raw text is part of its memo key) and the modules whose UPPER_CASE settings it reads
+# (their values are part of it too): tests and experiments change them between calls.
+PLAN_SWITCHES = (env.PDL.name, env.TWO_CHAINS.name, env.GLUON_GEMM1.name)
+PLAN_SETTING_MODULES = (__name__, routing.__name__, w4a16_gluon.__name__)
+# Plans remembered per process (a server calls with a few shapes per layer shape; beyond this many, each new shape
+# is planned on every call, as before the memo).
+MEMO_PLANS = 4096
+_PLANS: dict[tuple, CallPlan] = {}
+
+
+@functools.cache
+def _setting_names() -> tuple[tuple[dict, str], ...]:
+    """(module namespace, name) of every UPPER_CASE setting of PLAN_SETTING_MODULES that is a number, a string, None
+    or a tuple of those (what the rules read; the tuner's tiles are not)."""
+    names = []
+    for module in PLAN_SETTING_MODULES:
+        space = vars(sys.modules[module])
+        names += [(space, n) for n, v in space.items() if n.isupper() and _scalar(v)]
+    return tuple(names)
+
+
+def _scalar(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_scalar(v) for v in value)
+    return value is None or isinstance(value, (int, float, str))
+
+
+def plan_settings() -> tuple:
+    """What a plan reads beyond its arguments, as it is now: PLAN_SWITCHES' text, the modules' settings."""
+    return tuple(os.environ.get(name) for name in PLAN_SWITCHES) + tuple(space[n] for space, n in _setting_names())
+
+
+def call_plan(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
+    device: torch.device, dtype: torch.dtype, layout: str,
+) -> CallPlan:  # fmt: skip
+    """``plan_call`` for a call on ``device``, remembered per distinct call: the key holds whatever the rules read (the
+    arguments, the interpreter switch, the device's index and SM count, ``plan_settings``). Working the rules out took
+    tens of microseconds of each eager call's host time (bench/README.md, run 52)."""
+    interpret = interpreting()
+    index = None
+    if device.type == "cuda" and not interpret:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = sm_count(index)
+    key = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, interpret, index, sms, dtype, layout,
+           plan_settings())  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms)
+        if len(_PLANS) < MEMO_PLANS:
+            _PLANS[key] = plan
+    return plan
