@@ -7,8 +7,9 @@ The family in three modules:
 - ``w4a16_tiles``: what ``variants.KernelVariant`` asks of a family's tiles: the search space, the heuristic
   (feasible everywhere), the kernels' own rule (block_k >= 64), shared memory on a target (an analytic model and
   Triton's ahead-of-time compile);
-- ``w4a16_plan``: the grid of a call (``plan_gemms``: K splits at decode, where few experts are active) and the
-  rules a decode step launches by (PDL, per-block ready counters, gemm2 in gemm1's last wave);
+- ``w4a16_plan``: the grid of a call (``plan_gemms``: K splits at decode, where few experts are active), the rules a
+  decode step launches by (PDL, per-block ready counters, gemm2 in gemm1's last wave), and all of them for one call
+  (``call_plan``, worked out once per distinct call);
 - here: the launches of gemm1 and gemm2 (``kernels/nvfp4_moe.py``, their decode ``kernels/nvfp4_decode.py``; the
   Gluon forms ``w4a16_gluon``), ``run``, the whole W4A16 op on checked arguments, and the family's ``VARIANT``.
 """
