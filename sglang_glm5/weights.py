@@ -210,30 +210,28 @@ class Nvfp4MoeWeights:
             return None
         return per_expert_scale(self.w2_input_scale, self.num_experts, "w2_input_scale", self.device)
 
-    # The sizes and the device, read on every call of the op: remembered (the tensors' shapes never change).
-
-    @cached_property
+    @property
     def num_experts(self) -> int:
         return self.w13.shape[0]
 
-    @cached_property
+    @property
     def hidden(self) -> int:
         return self.w13.shape[2] * 2
 
-    @cached_property
+    @property
     def inter(self) -> int:
         return self.w13.shape[1] // 2
 
-    @cached_property
+    @property
     def device(self) -> torch.device:
         return self.w13.device
 
-    @cached_property
+    @property
     def shape(self) -> tuple[int, int, int]:
         """(E, H, I)."""
         return self.num_experts, self.hidden, self.inter
 
-    @cached_property
+    @property
     def gate_up_rows(self) -> tuple[int, int]:
         """(first gate row, first up row) of w13."""
         return (0, self.inter) if self.w13_order == "gate_up" else (self.inter, 0)

@@ -1,6 +1,7 @@
 """The W4A16 op's call plan (``w4a16_plan.call_plan``): worked out once per distinct call and remembered, so the memo
-key must hold every input the rules read. A switch, a setting or the device's SM count changed between two calls of
-one shape must give the plan it implies, never the one remembered from before. Host-side: runs on the CPU."""
+key must hold every input the rules read. A switch, a setting, a rule function or the device's SM count changed
+between two calls of one shape must give the plan it implies, never the one remembered from before. Host-side: runs
+on the CPU."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ CPU = torch.device("cpu")
 EP8 = {"num_experts": 32, "num_global_experts": 256, "hidden": 6144, "inter": 2048}  # GLM-5 under 8-way EP
 
 
-def plan(batch: int, cfg: MoeConfig | None = None, **changes) -> w4a16_plan.CallPlan:
+@pytest.fixture(autouse=True)
+def _switches_unset(monkeypatch):
+    """The plan's switches at their defaults, whatever the caller's environment holds."""
+    for name in w4a16_plan.PLAN_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def plan(batch: int, cfg: MoeConfig | None = None) -> w4a16_plan.CallPlan:
     """The call plan of GLM-5 EP8 at B = ``batch`` tokens (top-8), on the CPU (the interpreter's 8 SMs)."""
-    shape = {**EP8, **changes}
-    cfg = cfg or heuristic_config(batch * 8 / shape["num_global_experts"])
-    return w4a16_plan.call_plan(cfg, batch * 8, shape["num_experts"], shape["num_global_experts"], shape["hidden"],
-                                shape["inter"], CPU, torch.bfloat16, "checkpoint")  # fmt: skip
+    cfg = cfg or heuristic_config(batch * 8 / EP8["num_global_experts"])
+    return w4a16_plan.call_plan(cfg, batch * 8, EP8["num_experts"], EP8["num_global_experts"], EP8["hidden"],
+                                EP8["inter"], CPU, torch.bfloat16, "checkpoint")  # fmt: skip
 
 
 def fresh(batch: int, cfg: MoeConfig | None = None) -> w4a16_plan.CallPlan:
@@ -61,8 +68,9 @@ def test_a_switch_changed_between_calls_gives_its_own_plan(monkeypatch):
     monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", "0")
     assert plan(8).chains == 1
     monkeypatch.setenv("SGLANG_GLM5_TWO_CHAINS", "maybe")
-    with pytest.raises(ValueError, match="SGLANG_GLM5_TWO_CHAINS"):
-        plan(8)  # a bad value is refused on every call, never remembered
+    for _ in range(2):  # a bad value is refused on every call, never remembered
+        with pytest.raises(ValueError, match="SGLANG_GLM5_TWO_CHAINS"):
+            plan(8)
 
 
 def test_the_sm_count_is_part_of_the_key(monkeypatch):
@@ -70,6 +78,25 @@ def test_the_sm_count_is_part_of_the_key(monkeypatch):
     eight = plan(1)
     monkeypatch.setattr(w4a16_plan, "sm_count", lambda index: 132)
     assert plan(1).gemms.gemm1.splits > eight.gemms.gemm1.splits
+
+
+def test_a_rule_replaced_between_calls_gives_its_own_plan(monkeypatch):
+    # experiments replace a rule function (gemm2's N tiles a program, the grids) rather than a setting
+    assert plan(64).gemms.per_program == 1
+    monkeypatch.setattr(w4a16_plan, "gemm2_tiles_per_program", lambda inter, cfg: 2)
+    assert plan(64).gemms.per_program == 2
+    # the launches that use PDL follow PDL_LAUNCHES where PDL applies (here: told it does, below a token per expert)
+    monkeypatch.setattr(w4a16_plan, "uses_pdl", lambda device: True)
+    assert plan(1).pdl == frozenset(w4a16_plan.PDL_LAUNCHES)
+    monkeypatch.setattr(w4a16_plan, "PDL_LAUNCHES", ("route", "gemm2"))
+    assert plan(1).pdl == {"route", "gemm2"}
+
+
+def test_a_setting_that_keys_nothing_is_planned_not_remembered(monkeypatch):
+    monkeypatch.setattr(w4a16_plan, "_PLANS", {})
+    monkeypatch.setattr(w4a16_plan, "PDL_LAUNCHES", ["route", "sum"])  # a list: no dict key
+    assert plan(8) == fresh(8)
+    assert not w4a16_plan._PLANS
 
 
 def test_a_full_memo_still_plans_each_call(monkeypatch):
@@ -99,17 +126,22 @@ RULES = [
 ]  # fmt: skip
 
 
-def test_the_key_holds_every_setting_the_rules_read():
-    # an UPPER_CASE name a rule reads, as a global of its own module or an attribute of another module the rules read
-    keyed = {(space["__name__"], name) for space, name in w4a16_plan._setting_names()}
+def test_the_key_holds_every_setting_and_rule_the_rules_read():
+    # independently of the module's own walk: each function of RULES, each UPPER_CASE name or function it reads as a
+    # global of its own module or an attribute of another of the three
+    keyed = {(space["__name__"], name) for space, name in w4a16_plan._KEY_NAMES}
     modules = (w4a16_plan, routing, w4a16_gluon)
     for rule in RULES:
         for name in _globals_read(rule):
             for module in modules:
-                if name.isupper() and name in vars(module):
+                value = vars(module).get(name)
+                if (name.isupper() and value is not None) or callable(value) and not isinstance(value, type):
+                    if isinstance(value, dict) or name in ("NamedTuple",):
+                        continue
                     assert (module.__name__, name) in keyed, f"{module.__name__}.{name}, read by {rule.__name__}"
-    for space, name in w4a16_plan._setting_names():
-        hash(space[name])  # a setting keys a dict
+    for space, name in w4a16_plan._KEY_NAMES:
+        hash(space[name])  # each keys a dict
+    assert ("sglang_glm5.variants.w4a16_gluon", "TILES") not in keyed, "the tuner's tiles: no plan reads them"
 
 
 def test_the_op_plans_a_shape_once(gen, monkeypatch):

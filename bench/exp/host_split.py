@@ -56,7 +56,8 @@ WRAPPED = [
     (w4a16, "launch_gemm1", "launch_gemm1"),
     (w4a16, "launch_gemm2", "launch_gemm2"),
     (w4a16, "sum_over_slots", "sum_over_slots"),
-    (w4a16, "uses_pdl", "uses_pdl"),
+    (w4a16, "uses_pdl", "uses_pdl"),  # before the call plan (w4a16_plan.call_plan)
+    (w4a16_plan, "call_plan", "call_plan"),
     (w4a16, "_side_streams", "side streams"),
     (autotune, "pick_config", "pick_config"),
     (w4a16_plan, "plan_gemms", "plan_gemms"),

@@ -31,6 +31,16 @@ _real_plan = w4a16_plan.plan_gemms
 _used: list[tuple[int, int]] = []  # (gemm1 used blocks, gemm2 used blocks) of the next calls, in order
 
 
+def _oracle(on: bool) -> None:
+    """The oracle's grids (``_oracle_plan``) on or off; on, no call's plan is remembered (``w4a16_plan.call_plan``),
+    since the oracle plans each call from its own ids."""
+    w4a16_plan.plan_gemms = _oracle_plan if on else _real_plan
+    w4a16_plan.MEMO_PLANS = 0 if on else _MEMO_PLANS
+
+
+_MEMO_PLANS = w4a16_plan.MEMO_PLANS
+
+
 def _oracle_plan(*args, **kwargs):
     plan = _real_plan(*args, **kwargs)
     u1, u2 = _used.pop(0)
@@ -63,12 +73,12 @@ def main(out: Path) -> None:
         def call(oracle, config, inputs=inputs, bundles=bundles, used=used, cfg=cfg):
             if oracle:
                 _used[:] = list(used[id(config or cfg)])
-                w4a16_plan.plan_gemms = _oracle_plan
+                _oracle(True)
             try:
                 for i, (x, w, ids) in enumerate(inputs):
                     fused_moe(x, bundles[i % 2], w, ids, config=config, **kw)
             finally:
-                w4a16_plan.plan_gemms = _real_plan
+                _oracle(False)
 
         times = {v: [] for v in variants}
         outs = {}
@@ -79,9 +89,9 @@ def main(out: Path) -> None:
                 x, w, ids = inputs[0]
                 if oracle:
                     _used[:] = [used[id(config or cfg)][0]]
-                    w4a16_plan.plan_gemms = _oracle_plan
+                    _oracle(True)
                 outs[v] = fused_moe(x, bundles[0], w, ids, config=config, **kw)
-                w4a16_plan.plan_gemms = _real_plan
+                _oracle(False)
         kernels = {v: kernel_us(lambda o=oracle: call(o, None), len(inputs)) for v, (oracle, _) in
                    list(variants.items())[:2]}  # fmt: skip
         floor = floor_ms(inputs, layout, bw)

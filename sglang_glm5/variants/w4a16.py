@@ -333,7 +333,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
             with on_chain(group):
                 if groups == 1 or plan.interleaved:  # every groups-th active expert of all, by its own id
                     own, experts, part = num_experts, {"chain": (group, groups)}, weights
-                else:  # the group's experts, as ids 0 .. group_experts - 1
+                else:  # the group's experts, as ids 0 .. plan.chain_experts - 1
                     first = group * plan.chain_experts
                     own, experts = plan.chain_experts, {"first_expert": first}
                     part = _expert_group(weights, first, plan.chain_experts)

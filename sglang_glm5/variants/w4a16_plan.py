@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import os
 import sys
@@ -404,7 +405,6 @@ class CallPlan:
     """What one call of the W4A16 op launches (``w4a16.run``), decided on the host from its sizes, tiles, device and
     switches alone, never from tensor values: every call of the same shape gets the same plan (``call_plan``)."""
 
-    cfg: MoeConfig
     chains: int  # 1, or CHAINS (``expert_groups``), each over chain_experts of the local experts
     chain_experts: int
     interleaved: bool  # each chain takes every CHAINS-th active expert (``interleaves``), else a contiguous group
@@ -440,7 +440,6 @@ def plan_call(
         not gluon[1] and awaits_blocks(cfg, plan, num_pairs, num_global_experts, "gemm2" in pdl or interpret)
     )
     return CallPlan(
-        cfg=cfg,
         chains=chains,
         chain_experts=chain_experts,
         interleaved=interleaved,
@@ -453,10 +452,10 @@ def plan_call(
     )
 
 
-# The switches a plan reads (their raw text is part of its memo key) and the modules whose UPPER_CASE settings it reads
-# (their values are part of it too): tests and experiments change them between calls.
+# The switches a plan reads (their raw text is part of its memo key) and the modules whose settings and functions it
+# reads (their values are part of it too: tests and experiments change a setting, or replace a rule, between calls).
 PLAN_SWITCHES = (env.PDL.name, env.TWO_CHAINS.name, env.GLUON_GEMM1.name)
-PLAN_SETTING_MODULES = (__name__, routing.__name__, w4a16_gluon.__name__)
+PLAN_MODULES = (__name__, routing.__name__, w4a16_gluon.__name__)
 # Plans remembered per process (a server calls with a few shapes per layer shape; beyond this many, each new shape
 # is planned on every call, as before the memo).
 MEMO_PLANS = 4096
@@ -464,33 +463,51 @@ _PLANS: dict[tuple, CallPlan] = {}
 
 
 @functools.cache
-def _setting_names() -> tuple[tuple[dict, str], ...]:
-    """(module namespace, name) of every UPPER_CASE setting of PLAN_SETTING_MODULES that is a number, a string, None
-    or a tuple of those (what the rules read; the tuner's tiles are not)."""
-    names = []
-    for module in PLAN_SETTING_MODULES:
-        space = vars(sys.modules[module])
-        names += [(space, n) for n, v in space.items() if n.isupper() and _scalar(v)]
-    return tuple(names)
-
-
-def _scalar(value) -> bool:
-    if isinstance(value, tuple):
-        return all(_scalar(v) for v in value)
-    return value is None or isinstance(value, (int, float, str))
+def _key_names() -> tuple[tuple[dict, str], ...]:
+    """(module namespace, name) of every setting and function of PLAN_MODULES that ``plan_call`` reads, itself or
+    through the functions it calls there: found in their code, once (a name read as ``module.NAME`` counts as that
+    module's). The tuner's dicts of tiles, which no plan reads, stay out."""
+    spaces = [vars(sys.modules[m]) for m in PLAN_MODULES]
+    found: dict[tuple[int, str], tuple[dict, str]] = {}
+    todo, done = [plan_call], set()
+    while todo:
+        fn = inspect.unwrap(todo.pop())
+        if id(fn) in done or not hasattr(fn, "__code__"):
+            continue
+        done.add(id(fn))
+        codes, names = [fn.__code__], set()
+        while codes:
+            code = codes.pop()
+            names |= set(code.co_names)
+            codes += [c for c in code.co_consts if inspect.iscode(c)]
+        for name in names:
+            for space in (vars(sys.modules[fn.__module__]), *spaces):
+                if space["__name__"] not in PLAN_MODULES or name not in space:
+                    continue
+                value = space[name]
+                if name.isupper() and not isinstance(value, (dict, list, set)):
+                    found[id(space), name] = (space, name)
+                elif inspect.isroutine(value):
+                    found[id(space), name] = (space, name)
+                    if getattr(inspect.unwrap(value), "__module__", None) in PLAN_MODULES:
+                        todo.append(value)
+    return tuple(found.values())
 
 
 def plan_settings() -> tuple:
-    """What a plan reads beyond its arguments, as it is now: PLAN_SWITCHES' text, the modules' settings."""
-    return tuple(os.environ.get(name) for name in PLAN_SWITCHES) + tuple(space[n] for space, n in _setting_names())
+    """What a plan reads beyond its arguments, as it is now: PLAN_SWITCHES' text, and the settings and functions of
+    PLAN_MODULES that ``plan_call`` reads (``_key_names``, found when this module loads, before a test or an experiment
+    can replace a function)."""
+    return tuple(os.environ.get(name) for name in PLAN_SWITCHES) + tuple(space[n] for space, n in _KEY_NAMES)
 
 
 def call_plan(
     cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
     device: torch.device, dtype: torch.dtype, layout: str,
 ) -> CallPlan:  # fmt: skip
-    """``plan_call`` for a call on ``device``, remembered per distinct call: the key holds whatever the rules read (the
-    arguments, the interpreter switch, the device's index and SM count, ``plan_settings``). Working the rules out took
+    """``plan_call`` for a call on ``device``, remembered per distinct call: the key holds what the rules read (the
+    arguments, the interpreter switch, the device's index and SM count, ``plan_settings``); a device's architecture is
+    its index's. Working the rules out took
     tens of microseconds of each eager call's host time (bench/README.md, run 52)."""
     interpret = interpreting()
     index = None
@@ -499,9 +516,15 @@ def call_plan(
     sms = sm_count(index)
     key = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, interpret, index, sms, dtype, layout,
            plan_settings())  # fmt: skip
-    plan = _PLANS.get(key)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # a setting changed to a value that keys no dict (a list, say): planned, not remembered
+        return plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms)
     if plan is None:
         plan = plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms)
         if len(_PLANS) < MEMO_PLANS:
             _PLANS[key] = plan
     return plan
+
+
+_KEY_NAMES = _key_names()
