@@ -16,6 +16,7 @@ from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.tiles import MoeConfig
 from sglang_glm5.variants import w4a16_gluon, w4a16_plan
 from sglang_glm5.variants.w4a16_tiles import heuristic_config
+from sglang_glm5.weights import Nvfp4MoeWeights
 
 CPU = torch.device("cpu")
 EP8 = {"num_experts": 32, "num_global_experts": 256, "hidden": 6144, "inter": 2048}  # GLM-5 under 8-way EP
@@ -144,10 +145,10 @@ def test_the_key_holds_every_setting_and_rule_the_rules_read():
     assert ("sglang_glm5.variants.w4a16_gluon", "TILES") not in keyed, "the tuner's tiles: no plan reads them"
 
 
-def test_the_op_plans_a_shape_once(gen, monkeypatch):
-    # through the op (the interpreter): three calls of one shape, one plan worked out; a new T, a new plan
+def test_the_op_plans_a_shape_once(gen, device, monkeypatch):
+    # through the op (the interpreter, or a GPU): three calls of one shape, one plan worked out; a new T, a new plan
     layer = random_layer(8, 256, 128, gen)
-    weights = layer.served()
+    weights = Nvfp4MoeWeights.build(*(a.to(device) for a in layer.args())).for_device()
     planned = []
     real = w4a16_plan.plan_call
     monkeypatch.setattr(w4a16_plan, "_PLANS", {})
@@ -155,5 +156,5 @@ def test_the_op_plans_a_shape_once(gen, monkeypatch):
     for tokens in (3, 3, 3, 5):
         w, ids = random_routing(tokens, 8, 2, gen)
         x = torch.randn(tokens, 256, generator=gen).bfloat16()
-        fused_moe(x, weights, w, ids, check_ids=False)
+        fused_moe(x.to(device), weights, w.to(device), ids.to(device), check_ids=False)
     assert planned == [6, 10], "one plan per distinct pair count"
