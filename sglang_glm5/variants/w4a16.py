@@ -73,9 +73,9 @@ def launch_gemm1(
     a gemm2 launched with the same tensor (``launch_gemm2``; not with a stream-K schedule). A config marked ``gluon``
     runs the Gluon kernel where ``w4a16_gluon.applies`` (a program per possible block, the launch's splits), else
     this one; ``gluon``: that answer, where the caller has it (``w4a16_plan.CallPlan.gluon``). Returns the fp32
-    scratch the launch writes (split or stream-K partials), or None: a caller whose next
-    launch may run beside this one (``ready``) keeps it alive until then, so that the allocator does not hand its
-    memory to that launch while this one still uses it."""
+    scratch the launch writes (split or stream-K partials), or None: a caller whose next launch may run beside this
+    one (``ready``) keeps it alive until then, so that the allocator does not hand its memory to that launch while
+    this one still uses it."""
     num_pairs, inter = h.shape
     w4a16_tiles.check_config(cfg, "gemm1")
     launch = launch or _whole_grid(route, cfg, x.shape[1])
