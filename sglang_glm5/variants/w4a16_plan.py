@@ -462,11 +462,10 @@ MEMO_PLANS = 4096
 _PLANS: dict[tuple, CallPlan] = {}
 
 
-@functools.cache
 def _key_names() -> tuple[tuple[dict, str], ...]:
     """(module namespace, name) of every setting and function of PLAN_MODULES that ``plan_call`` reads, itself or
-    through the functions it calls there: found in their code, once (a name read as ``module.NAME`` counts as that
-    module's). The tuner's dicts of tiles, which no plan reads, stay out."""
+    through the functions it calls there: found in their code once, when this module loads (``_KEY_NAMES``); a name
+    read as ``module.NAME`` counts as that module's. The tuner's dicts of tiles, which no plan reads, stay out."""
     spaces = [vars(sys.modules[m]) for m in PLAN_MODULES]
     found: dict[tuple[int, str], tuple[dict, str]] = {}
     todo, done = [plan_call], set()
@@ -507,8 +506,8 @@ def call_plan(
 ) -> CallPlan:  # fmt: skip
     """``plan_call`` for a call on ``device``, remembered per distinct call: the key holds what the rules read (the
     arguments, the interpreter switch, the device's index and SM count, ``plan_settings``); a device's architecture is
-    its index's. Working the rules out took
-    tens of microseconds of each eager call's host time (bench/README.md, run 52)."""
+    its index's. Working the rules out took tens of microseconds of each eager call's host time (bench/README.md, run
+    52)."""
     interpret = interpreting()
     index = None
     if device.type == "cuda" and not interpret:
