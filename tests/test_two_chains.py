@@ -2,6 +2,9 @@
 or over a half of the local experts (``w4a16_plan.interleaves``), and as more chains over smaller shares
 (``w4a16_plan.CHAINS``, which the experiments set).
 
+The chains keep one chain's K splits, so they give its bits. An eager call runs them on its plan's first call only
+(``w4a16._eager_plan``); the tests of the chains themselves run them on every call (``EAGER_CHAINS``).
+
 The policy, and the chains run one after the other, run on the CPU (the interpreter); the streams, their fork and join
 and a CUDA-graph capture of them need a GPU (SGLANG_GLM5_TEST_DEVICE=cuda)."""
 
@@ -17,13 +20,15 @@ from sglang_glm5.testing import random_layer, random_routing
 from sglang_glm5.variants import w4a16, w4a16_plan
 from sglang_glm5.weights import Nvfp4MoeWeights
 
-# How far the chains' output may lie from one chain's: one bf16 step (2^-8 relative). The chains may split K
-# otherwise, and gemm1's h is rounded to bf16 before gemm2, so a different sum order flips some h roundings by one step
-# (measured on an H100, two chains at T = 256: 2.2e-3).
-CHAINS_APART = 2**-8
 # The chains' experts by name: w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT for contiguous groups at any size, or every n-th
 # active expert at any size
 INTERLEAVED = {"halves": 0.0, "interleaved": float("inf")}
+
+
+@pytest.fixture(autouse=True)
+def _chains_on_every_call(monkeypatch):
+    """Eager calls run the chains every time, as a capture does (the tests of the eager rule turn it off)."""
+    monkeypatch.setattr(w4a16_plan, "EAGER_CHAINS", True)
 
 
 @pytest.mark.parametrize("span,pairs,experts,one_launch,tiles,switch,want", [
@@ -125,7 +130,7 @@ def test_chains_in_turn_match_the_reference_and_one_chain(chains, groups, gen, d
     assert halves == groups, "the op ran another split"
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
-    assert _rel(two, one) < CHAINS_APART
+    assert torch.equal(two, one)  # one chain's K splits: its bits
 
 
 # The shipped threshold through the op: 6 pairs over 64 global experts (0.09 token per expert) interleave, over 16
@@ -156,12 +161,7 @@ def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, ge
     # the second one), remote slots.
     monkeypatch.setattr(w4a16_plan, "CHAINS", chains)
     monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", float("inf"))
-    layer, weights = _layer(gen, device, num_experts=8, hidden=128)
-    x = torch.randn(3, 128, generator=gen).bfloat16()
-    w, _ = random_routing(3, 8, 2, gen)
-    ids = torch.tensor([[1, 6], [2, -1], [-1, 1]], dtype=torch.int32)
-    args = (x.to(device), weights, w.to(device), ids.to(device))
-    kwargs = {"check_ids": False, "num_global_experts": 64}
+    layer, x, w, ids, args, kwargs = _three_tokens(gen, device)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
     one = fused_moe(*args, **kwargs)
     monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
@@ -171,7 +171,7 @@ def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, ge
     assert [c for c in routed if c is not None][:chains] == [(c, chains) for c in range(chains)]
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
-    assert _rel(two, one) < CHAINS_APART
+    assert torch.equal(two, one)  # one chain's K splits: its bits
 
 
 def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, device, monkeypatch):
@@ -207,7 +207,18 @@ def test_chains_with_multi_tile_gemm2_wait_on_their_own_ready_counters(gen, devi
         assert set(counts) <= {0, 4} and 4 in counts, counts
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2 and _rel(two, want) < 1e-2
-    assert _rel(two, one) < CHAINS_APART
+    assert torch.equal(two, one)  # one chain's K splits: its bits
+
+
+def _three_tokens(gen, device):
+    """A layer of 8 experts (H = 128, I = 1280) and three tokens over experts 1, 2 and 6 with remote slots: (layer, x,
+    topk weights, ids, the op's arguments on ``device``, its keywords)."""
+    layer, weights = _layer(gen, device, num_experts=8, hidden=128)
+    x = torch.randn(3, 128, generator=gen).bfloat16()
+    w, _ = random_routing(3, 8, 2, gen)
+    ids = torch.tensor([[1, 6], [2, -1], [-1, 1]], dtype=torch.int32)
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    return layer, x, w, ids, args, {"check_ids": False, "num_global_experts": 64}
 
 
 def _lookup_gemm2(device: torch.device):
@@ -289,7 +300,7 @@ def test_chains_match_the_reference_and_one_chain(num_tokens, chains, share, exp
     want = nvfp4_fused_moe_reference(x, *layer.args(), w, ids)
     assert _rel(one, want) < 1e-2
     assert _rel(two, want) < 1e-2
-    assert _rel(two, one) < CHAINS_APART  # not the same bits as one chain
+    assert torch.equal(two, one)  # one chain's K splits: its bits
     assert torch.equal(two, again)  # but the same call, the same bits
 
 
@@ -362,3 +373,121 @@ def test_a_chunked_size_keeps_one_chain(gen, device, monkeypatch):
     x = torch.randn(tokens, 256, generator=gen).bfloat16()
     fused_moe(x.to(device), weights, w.to(device), ids.to(device), check_ids=False, path="w4a16")
     assert not forks
+
+
+def _plan(pairs, experts, hidden, inter, sms, cfg=None) -> w4a16_plan.CallPlan:
+    from sglang_glm5.variants.w4a16_tiles import heuristic_config
+
+    cfg = cfg or heuristic_config(pairs / 256)
+    return w4a16_plan.plan_call(cfg, pairs, experts, 256, hidden, inter, torch.device("cpu"), torch.bfloat16,
+                                "checkpoint", sms)  # fmt: skip
+
+
+# A chain's own share (half the experts on half the SMs) would split K otherwise than one chain here: the test layer
+# above (8 experts, H = 128, I = 1280) on the interpreter's 8 SMs, gemm2 5 splits against 3.
+@pytest.mark.parametrize("pairs,experts,hidden,inter,sms", [(6, 8, 128, 1280, 8), (2, 32, 512, 1280, 8)])
+def test_a_chain_keeps_one_chains_k_splits(pairs, experts, hidden, inter, sms, monkeypatch):
+    from sglang_glm5.variants.w4a16_tiles import heuristic_config
+
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    cfg = heuristic_config(pairs / 256)
+    own = w4a16_plan.plan_gemms(cfg, pairs, experts // 2, 256, hidden, inter, w4a16_plan.chain_sms(sms, 2))
+    whole = w4a16_plan.plan_gemms(cfg, pairs, experts, 256, hidden, inter, sms)
+    assert (own.gemm1.splits, own.gemm2.splits) != (whole.gemm1.splits, whole.gemm2.splits), "a case that differs"
+    plan = _plan(pairs, experts, hidden, inter, sms, cfg)
+    assert plan.chains == 2 and plan.alone is not None and plan.alone.chains == 1 and plan.alone.alone is None
+    for gemm in ("gemm1", "gemm2"):
+        chain, alone, want = getattr(plan.gemms, gemm), getattr(plan.alone.gemms, gemm), getattr(whole, gemm)
+        assert (chain.splits, chain.k_per_split) == (alone.splits, alone.k_per_split) == (want.splits, want.k_per_split)
+    assert plan.alone == _plan(pairs, experts, hidden, inter, sms, cfg).alone
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", None)
+    assert plan.alone == _plan(pairs, experts, hidden, inter, sms, cfg), "alone is the plan of one chain"
+
+
+def test_a_stream_k_gemm1_keeps_one_chain(monkeypatch):
+    # its segments follow its program count and the blocks in use: a chain could not sum in one chain's order
+    from sglang_glm5.tiles import GemmConfig, MoeConfig
+
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    tile = GemmConfig(16, 64, 256, num_warps=4, num_stages=3)
+    stream = MoeConfig(GemmConfig(16, 64, 256, num_warps=4, num_stages=3, stream=2), tile)
+    assert _plan(64, 32, 6144, 2048, 132, MoeConfig(tile, tile)).chains == 2
+    plan = _plan(64, 32, 6144, 2048, 132, stream)
+    assert plan.gemms.gemm1.stream and plan.chains == 1 and plan.alone is None
+
+
+def test_eager_calls_run_the_chains_once_then_one_chain(gen, device, monkeypatch):
+    # The first eager call of a chained plan runs the chains (their kernels compiled and loaded for a later capture),
+    # every later one one chain with the same K splits: the same bits. EAGER_CHAINS: the chains every time.
+    monkeypatch.setattr(w4a16_plan, "EAGER_CHAINS", False)
+    monkeypatch.setattr(w4a16, "_CHAINS_LAUNCHED", set())
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", float("inf"))
+    layer, x, w, ids, args, kwargs = _three_tokens(gen, device)
+    _, routed = _spy_shares(monkeypatch)
+    first = fused_moe(*args, **kwargs)
+    assert routed == [(0, 2), (1, 2)], "the first call: both chains"
+    later = [fused_moe(*args, **kwargs) for _ in range(2)]
+    assert routed[2:] == [(0, 1), (0, 1)], "later calls: one chain each"
+    assert all(torch.equal(first, got) for got in later)
+    monkeypatch.setattr(w4a16_plan, "EAGER_CHAINS", True)
+    assert torch.equal(fused_moe(*args, **kwargs), first) and routed[4:] == [(0, 2), (1, 2)]
+    assert _rel(first, nvfp4_fused_moe_reference(x, *layer.args(), w, ids)) < 1e-2
+
+
+def test_a_capture_after_eager_calls_runs_the_chains(gen, device, monkeypatch):
+    # SGLang's order: a batch size run eagerly (here twice), then captured. The capture runs the chains, whose kernels
+    # the first eager call loaded; the replay gives the eager calls' bits.
+    _gpu(device)
+    monkeypatch.setattr(w4a16_plan, "EAGER_CHAINS", False)
+    monkeypatch.setattr(w4a16, "_CHAINS_LAUNCHED", set())
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    layer, weights = _layer(gen, device)
+    w, ids = random_routing(8, 32, 8, gen, remote_fraction=0.5)
+    x = torch.randn(8, 512, generator=gen).bfloat16()
+    args = (x.to(device), weights, w.to(device), ids.to(device))
+    kwargs = {"check_ids": False, "num_global_experts": 256}
+    forks = _count_forks(monkeypatch)
+    eager = [fused_moe(*args, **kwargs) for _ in range(2)]
+    assert len(forks) == 1, "the first eager call forks the second chain, the second runs one"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(*args, **kwargs)
+    assert len(forks) == 2, "the capture runs the chains"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager[0]) and torch.equal(out, eager[1])
+    assert _rel(out, nvfp4_fused_moe_reference(x, *layer.args(), w, ids)) < 1e-2
+
+
+def test_a_fresh_process_captures_the_chains_after_one_eager_call(device):
+    # In a process whose Triton has loaded no kernel yet, one eager call of a chained shape must leave the chains'
+    # kernels loaded: a capture cannot load one ("operation not permitted when stream is capturing").
+    import subprocess
+    import sys
+
+    _gpu(device)
+    script = """
+import torch
+from sglang_glm5.moe import fused_moe
+from sglang_glm5.testing import random_layer, random_routing
+from sglang_glm5.variants import w4a16_plan
+from sglang_glm5.weights import Nvfp4MoeWeights
+w4a16_plan.TWO_CHAINS_TOKENS_PER_EXPERT = (0, float("inf"))
+gen = torch.Generator().manual_seed(5)
+layer = random_layer(32, 512, 1280, gen)
+weights = Nvfp4MoeWeights.build(*(a.cuda() for a in layer.args())).for_device()
+w, ids = random_routing(8, 32, 8, gen, remote_fraction=0.5)
+args = (torch.randn(8, 512, generator=gen).bfloat16().cuda(), weights, w.cuda(), ids.cuda())
+kwargs = {"check_ids": False, "num_global_experts": 256}
+eager = fused_moe(*args, **kwargs)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = fused_moe(*args, **kwargs)
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(out, eager)
+print("captured")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "captured" in done.stdout, done.stderr[-2000:]

@@ -4,7 +4,8 @@ The cached split plans (``GemmConfig.programs_per_sm``, from ``tune --splits-onl
 chain with the whole GPU; the shipped two chains at GLM-5 EP8 B = 4-16 each plan for half the SMs with that same
 target, and the two run side by side, so the best target for a chain may differ. This times the op with other
 targets for gemm1 or gemm2 (the other GEMM as cached) against the op as shipped, round-robin from CUDA graphs
-(``compare_settings``).
+(``compare_settings``). Since run 53 the chains keep one chain's K splits (``plan_gemms(like=...)``): a target here
+sets both, and at GLM-5 EP8 B = 4-16 the chains' own plans had split alike.
 Usage: python bench/exp/chain_splits.py OUT_DIR   (EXP_BATCHES, default 4,8,16; BENCH_SEED, default 43;
 EXP_TARGETS, default 1,2,3,4,6,8: at most ``tiles.MAX_PROGRAMS_PER_SM``; EXP_LAYOUTS, default ep8)
 """

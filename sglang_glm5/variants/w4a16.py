@@ -273,6 +273,28 @@ def _side_streams(index: int, chains: int, main: torch.cuda.Stream) -> list[torc
     return streams
 
 
+# (plan, device index) of the chained plans whose kernels an eager call has launched in this process (``_eager_plan``)
+_CHAINS_LAUNCHED: set[tuple[w4a16_plan.CallPlan, int | None]] = set()
+
+
+def _eager_plan(plan: w4a16_plan.CallPlan, device: torch.device) -> w4a16_plan.CallPlan:
+    """The plan an eager call (its stream not capturing a CUDA graph) runs, where ``plan`` has chains: the chains on
+    the first such call of that plan on the device, one chain (``plan.alone``, the same bits) on every later one, or
+    the chains always with ``w4a16_plan.EAGER_CHAINS``. An eager call's time is its host's (bench/README.md, run 51:
+    the chains' second routing, GEMMs and streams about 0.3 ms at GLM-5 EP8 B = 8, for a few microseconds of GPU
+    time); a graph replays the chains for nothing. The first call runs them so that their kernels are compiled and
+    loaded before a capture of that shape, which cannot load a kernel (the driver refuses to load a module while a
+    stream captures), and SGLang runs each batch size eagerly before it captures it."""
+    if w4a16_plan.EAGER_CHAINS:
+        return plan
+    key = (plan, device.index)
+    if key in _CHAINS_LAUNCHED:
+        return plan.alone
+    if len(_CHAINS_LAUNCHED) < w4a16_plan.MEMO_PLANS:  # else every call runs the chains, as a capture would
+        _CHAINS_LAUNCHED.add(key)
+    return plan
+
+
 def _expert_group(weights, first: int, count: int):
     """Experts first .. first + count - 1 of a layer's weights, as views (the W4A16 kernels read no input scales)."""
     take = {name: getattr(weights, name)[first : first + count] for name in _EXPERT_TENSORS}
@@ -287,8 +309,9 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     ``w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT``, chosen by each chain's routing launch on the GPU; above it a
     contiguous group, two: the halves), the first on the caller's stream and each other on a stream of its own (forked
     after the first chain's routing, which lays out the activations for all, and joined before the top-k sum; the
-    interpreter runs them in turn), each planned for its share (``w4a16_plan.chain_sms``): its K splits may differ from
-    one chain's, and so may the bits (the same call gives the same bits either way)."""
+    interpreter runs them in turn), each planned for its share (``w4a16_plan.chain_sms``) with one chain's K splits:
+    the same bits as one chain. An eager call runs the chains only the first time its plan comes on the device, one
+    chain after that (``_eager_plan``); a CUDA-graph capture runs them always."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
     num_pairs = num_tokens * top_k
@@ -298,6 +321,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     plan = w4a16_plan.call_plan(cfg, num_pairs, num_experts, num_global, hidden, inter, device, hidden_states.dtype,
                                 weights.layout)  # fmt: skip
+    if plan.alone is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        plan = _eager_plan(plan, device)
     launch1, launch2, per_program = plan.gemms.gemm1, plan.gemms.gemm2, plan.gemms.per_program
     groups, n_counters = plan.chains, plan.gemms.counters
     # each chain's split and ready counters, zeroed by its routing launch

@@ -129,6 +129,12 @@ INTERLEAVED_TOKENS_PER_EXPERT = 1 / 4
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
+# Whether eager calls (no CUDA-graph capture) run the chains on every call; False: on a plan's first call on a device
+# only (which loads their kernels for a later capture), one chain with the same K splits after that
+# (``w4a16._eager_plan``). An eager call is its host's time: at GLM-5 EP8 B = 8 the chains took an H100 host 0.53-0.68
+# ms a call against 0.27-0.40 ms for one chain at other sizes (bench/README.md, runs 51-52), for a few microseconds
+# of GPU time. The experiments and the GPU tests of the chains set it.
+EAGER_CHAINS = False
 
 
 @functools.cache
@@ -163,11 +169,11 @@ class Launch:
 
 def plan_launch(
     k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
-    split: bool = True, whole_grid_within: float = 0.0,
+    split: bool = True, whole_grid_within: float = 0.0, like: Launch | None = None,
 ) -> Launch:  # fmt: skip
-    """The grid of one GEMM. K splits (if ``split``): ``cfg.split_k`` when set, else as many as it takes
-    for the expected blocks times ``n_programs`` (N tiles or tile groups) to make ``cfg.programs_per_sm``
-    (PROGRAMS_PER_SM when 0) per SM.
+    """The grid of one GEMM. K splits (if ``split``): ``like``'s when given, else ``cfg.split_k`` when set, else as
+    many as it takes for the expected blocks times ``n_programs`` (N tiles or tile groups) to make
+    ``cfg.programs_per_sm`` (PROGRAMS_PER_SM when 0) per SM.
 
     Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
     routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
@@ -179,6 +185,8 @@ def plan_launch(
     want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
     programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
     splits, per_split = k_splits(k_size, cfg.block_k, want)
+    if like is not None and split:
+        splits, per_split = like.splits, like.k_per_split
     if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
         return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
     return Launch(programs, splits, per_split)
@@ -192,9 +200,12 @@ class GemmPlan(NamedTuple):
 
 
 def plan_gemms(
-    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int
-) -> GemmPlan:
-    """The grids of both GEMMs of one call, from sizes known on the host (no sync)."""
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int,
+    like: GemmPlan | None = None,
+) -> GemmPlan:  # fmt: skip
+    """The grids of both GEMMs of one call, from sizes known on the host (no sync). ``like``: a plan of the same call
+    whose K splits both GEMMs keep, and then no stream-K schedule (a chain's grids, sized for its share of the experts
+    and SMs, with one chain's splits: each output summed in the same order, so the same bits)."""
 
     def blocks(gemm: GemmConfig) -> tuple[int, float]:
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
@@ -203,11 +214,13 @@ def plan_gemms(
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = cdiv(inter, cfg.gemm1.block_n)
     within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
-    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within)
+    launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within,
+                          like=like and like.gemm1)  # fmt: skip
     steps = cdiv(hidden, cfg.gemm1.block_k)
     stream = cfg.gemm1.stream * sms
     if (
         stream
+        and like is None
         and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
         and stream_fits(stream, blocks1[0] * tiles1 * steps)
     ):
@@ -218,7 +231,7 @@ def plan_gemms(
     while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
-                          whole_grid_within=within)  # fmt: skip
+                          whole_grid_within=within, like=like and like.gemm2)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
@@ -414,6 +427,9 @@ class CallPlan:
     ready_tiles: int  # gemm1's N tiles a block: what a block's ready counter reaches
     each_pair: bool  # the routing gives each pair a block of its own (``routing.route_pairs``)
     gluon: tuple[bool, bool]  # (gemm1, gemm2) run in Gluon (``w4a16_gluon.applies``)
+    # with chains: the same call as one chain, with the same K splits (so the same bits), for eager calls
+    # (``w4a16.run``: chains double an eager call's launches for a few microseconds of GPU time)
+    alone: CallPlan | None = None
 
 
 def plan_call(
@@ -421,13 +437,30 @@ def plan_call(
     device: torch.device, dtype: torch.dtype, layout: str, sms: int,
 ) -> CallPlan:  # fmt: skip
     """The plan of one call on ``device`` (``sms`` SMs): the rules above, applied in the order the op launches by
-    (chains, grids, PDL, the wait for gemm1, the routing's form)."""
-    interpret = interpreting()
+    (chains, grids, PDL, the wait for gemm1, the routing's form). With chains, each chain's grids are sized for its
+    share of the experts and SMs but keep one chain's K splits, and the plan carries one chain's (``alone``): the
+    chains change where the programs run, never the bits. A stream-K gemm1, whose segments follow its program count
+    and the blocks in use, keeps one chain."""
     chains = expert_groups(num_pairs, num_experts, num_global_experts, num_pairs < routing.CHUNKED_ROUTE_PAIRS,
                            gemm2_tiles_per_program(inter, cfg.gemm2))  # fmt: skip
+    whole = plan_gemms(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, sms)
+    rules = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout)
+    alone = _launch_rules(*rules, 1, whole)
+    if chains == 1 or whole.gemm1.stream:
+        return alone
+    share = plan_gemms(cfg, num_pairs, num_experts // chains, num_global_experts, hidden, inter,
+                       chain_sms(sms, chains), like=whole)  # fmt: skip
+    return dataclasses.replace(_launch_rules(*rules, chains, share), alone=alone)
+
+
+def _launch_rules(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
+    device: torch.device, dtype: torch.dtype, layout: str, chains: int, plan: GemmPlan,
+) -> CallPlan:  # fmt: skip
+    """``plan_call``'s answer for ``chains`` chains on grids ``plan``: PDL, the wait for gemm1, the routing's form."""
+    interpret = interpreting()
     chain_experts = num_experts // chains
     interleaved = chains > 1 and interleaves(num_pairs, num_global_experts)
-    plan = plan_gemms(cfg, num_pairs, chain_experts, num_global_experts, hidden, inter, chain_sms(sms, chains))
     may_pdl = uses_pdl(device)
     gluon = (w4a16_gluon.applies(device, layout, hidden, cfg.gemm1, dtype),
              w4a16_gluon.applies(device, layout, inter, cfg.gemm2, dtype))  # fmt: skip
