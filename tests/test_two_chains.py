@@ -491,3 +491,64 @@ print("captured")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "captured" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_chain_keeps_one_chains_gemm2_tiles_a_program():
+    # TP8-like (I = 256: gemm2 several N tiles a program) on 81 SMs: a chain's own share (40 SMs) would keep two tiles
+    # a program where one chain keeps one, and only one chain's may split K
+    from sglang_glm5.variants.w4a16_tiles import heuristic_config
+
+    cfg = heuristic_config(8 / 256)
+    whole = w4a16_plan.plan_gemms(cfg, 8, 256, 256, 6144, 256, 81)
+    own = w4a16_plan.plan_gemms(cfg, 8, 128, 256, 6144, 256, w4a16_plan.chain_sms(81, 2))
+    assert own.per_program != whole.per_program, "a case that differs"
+    share = w4a16_plan.plan_gemms(cfg, 8, 128, 256, 6144, 256, w4a16_plan.chain_sms(81, 2), like=whole)
+    assert share.per_program == whole.per_program
+    assert (share.gemm2.splits, share.gemm2.k_per_split) == (whole.gemm2.splits, whole.gemm2.k_per_split)
+
+
+def _tokens(gen, device, num_tokens):
+    """``_three_tokens``' layer with ``num_tokens`` tokens over experts 1, 2 and 6: (x, topk weights, ids) on device."""
+    x = torch.randn(num_tokens, 128, generator=gen).bfloat16()
+    w, _ = random_routing(num_tokens, 8, 2, gen)
+    ids = torch.tensor([[1, 6], [2, -1], [-1, 1], [6, 2], [1, -1], [2, 6]][:num_tokens], dtype=torch.int32)
+    return x.to(device), w.to(device), ids.to(device)
+
+
+def test_each_call_runs_the_chains_eagerly_once_even_where_plans_are_equal(gen, device, monkeypatch):
+    # T = 5 and 6 on the test layer get equal plans, but Triton specializes the chains' kernels on their sizes: T = 6's
+    # first eager call must run (and load) its own chains. A first call that raised records nothing.
+    from sglang_glm5.variants.w4a16_tiles import heuristic_config
+
+    monkeypatch.setattr(w4a16_plan, "EAGER_CHAINS", False)
+    monkeypatch.setattr(w4a16, "_CHAINS_LAUNCHED", set())
+    monkeypatch.setattr(w4a16_plan, "TWO_CHAINS_TOKENS_PER_EXPERT", (0, float("inf")))
+    monkeypatch.setattr(w4a16_plan, "INTERLEAVED_TOKENS_PER_EXPERT", float("inf"))
+
+    def plan(tokens):
+        return w4a16_plan.plan_call(heuristic_config(tokens * 2 / 64), tokens * 2, 8, 64, 128, 1280, device,
+                                    torch.bfloat16, "checkpoint", w4a16_plan.sm_count(device.index))  # fmt: skip
+
+    assert plan(5) == plan(6) and plan(5).chains == 2
+    _, weights = _layer(gen, device, num_experts=8, hidden=128)
+    kwargs = {"check_ids": False, "num_global_experts": 64}
+    _, routed = _spy_shares(monkeypatch)
+    five, six = _tokens(gen, device, 5), _tokens(gen, device, 6)
+    for args in (five, five, six, six):
+        fused_moe(args[0], weights, *args[1:], **kwargs)
+    assert routed == [(0, 2), (1, 2), (0, 1), (0, 2), (1, 2), (0, 1)]
+    four = _tokens(gen, device, 4)
+    launch, failed = w4a16.launch_gemm2, []
+
+    def fail_once(*a, **k):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a launch that failed")
+        return launch(*a, **k)
+
+    monkeypatch.setattr(w4a16, "launch_gemm2", fail_once)
+    with pytest.raises(RuntimeError, match="a launch that failed"):
+        fused_moe(four[0], weights, *four[1:], **kwargs)
+    del routed[:]
+    fused_moe(four[0], weights, *four[1:], **kwargs)
+    assert routed == [(0, 2), (1, 2)], "after a call that raised, the next one runs the chains"

@@ -110,7 +110,19 @@ def compare_variants(
     difference. ``bundles_for(variant, bundles)``, if given, returns the layer copies a variant times (the same
     weights in another layout, say); by default every variant times the case's. Prints a line per case and
     writes ``out/name.json`` (after each case). The last variant's setup stays in force: callers restore what they
-    changed."""
+    changed. The eager calls whose outputs are compared run the chains where a variant has them, as its graphs do
+    (``w4a16_plan.EAGER_CHAINS``, restored afterwards)."""
+    from sglang_glm5.variants import w4a16_plan
+
+    eager_chains = w4a16_plan.EAGER_CHAINS
+    w4a16_plan.EAGER_CHAINS = True
+    try:
+        return _compare_variants(out, name, variants, batches, seed, repeats, bundles_for)
+    finally:
+        w4a16_plan.EAGER_CHAINS = eager_chains
+
+
+def _compare_variants(out, name, variants, batches, seed, repeats, bundles_for) -> list[dict]:
     import json
     import statistics
 

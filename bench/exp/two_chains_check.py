@@ -12,6 +12,7 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import w4a16_plan
 from sglang_glm5.weights import Nvfp4MoeWeights
 
+w4a16_plan.EAGER_CHAINS = True  # every call below runs the chains it names, not one chain after a first
 gen = torch.Generator().manual_seed(5)
 layer = random_layer(32, 512, 512, gen)
 weights = Nvfp4MoeWeights.build(*(a.cuda() for a in layer.args())).for_device()

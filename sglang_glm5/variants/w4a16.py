@@ -273,26 +273,34 @@ def _side_streams(index: int, chains: int, main: torch.cuda.Stream) -> list[torc
     return streams
 
 
-# (plan, device index) of the chained plans whose kernels an eager call has launched in this process (``_eager_plan``)
-_CHAINS_LAUNCHED: set[tuple[w4a16_plan.CallPlan, int | None]] = set()
+# The chained calls (``_eager_key``) an eager call has run the chains for in this process (``_eager_plan``)
+_CHAINS_LAUNCHED: set[tuple] = set()
 
 
-def _eager_plan(plan: w4a16_plan.CallPlan, device: torch.device) -> w4a16_plan.CallPlan:
-    """The plan an eager call (its stream not capturing a CUDA graph) runs, where ``plan`` has chains: the chains on
-    the first such call of that plan on the device, one chain (``plan.alone``, the same bits) on every later one, or
-    the chains always with ``w4a16_plan.EAGER_CHAINS``. An eager call's time is its host's (bench/README.md, run 51:
-    the chains' second routing, GEMMs and streams about 0.3 ms at GLM-5 EP8 B = 8, for a few microseconds of GPU
-    time); a graph replays the chains for nothing. The first call runs them so that their kernels are compiled and
-    loaded before a capture of that shape, which cannot load a kernel (the driver refuses to load a module while a
-    stream captures), and SGLang runs each batch size eagerly before it captures it."""
+def _eager_key(plan: w4a16_plan.CallPlan, cfg, hidden_states, topk_weights, topk_ids, weights, num_global) -> tuple:
+    """What picks the chains' compiled kernels beside the plan: the call's sizes, dtypes, the activations' row stride
+    and the inputs' 16-byte alignment (Triton specializes its kernels on integer values and pointer alignment, so two
+    calls with equal plans, GLM-5 EP8 B = 12 and 13 say, may launch different kernels)."""
+    tensors = (hidden_states, topk_weights, topk_ids)
+    return (plan, cfg, tuple(topk_ids.shape), weights.shape, weights.layout, num_global, hidden_states.stride(0),
+            hidden_states.device.index, *(t.dtype for t in tensors), *(t.data_ptr() % 16 for t in tensors))  # fmt: skip
+
+
+def _eager_plan(plan: w4a16_plan.CallPlan, key: tuple) -> tuple[w4a16_plan.CallPlan, tuple | None]:
+    """(the plan an eager call runs, the key to record in ``_CHAINS_LAUNCHED`` once its launches went out, or None),
+    where ``plan`` has chains and the stream is not capturing a CUDA graph: the chains on the first such call of that
+    call (``_eager_key``), one chain (``plan.alone``, the same bits) on every later one, or the chains always with
+    ``w4a16_plan.EAGER_CHAINS``. An eager call's time is its host's (bench/README.md, runs 51-53: the chains' second
+    routing, GEMMs and streams cost 0.25-1 ms a call at GLM-5 EP8 B = 4-16, for a few microseconds of GPU time); a
+    graph replays the chains for nothing. The first call runs them so that their kernels are compiled and loaded before
+    a capture of that call, which cannot load a kernel (the driver refuses to load a module while a stream captures);
+    SGLang runs each batch size eagerly before it captures it. A call that raised records nothing."""
     if w4a16_plan.EAGER_CHAINS:
-        return plan
-    key = (plan, device.index)
+        return plan, None
     if key in _CHAINS_LAUNCHED:
-        return plan.alone
-    if len(_CHAINS_LAUNCHED) < w4a16_plan.MEMO_PLANS:  # else every call runs the chains, as a capture would
-        _CHAINS_LAUNCHED.add(key)
-    return plan
+        return plan.alone, None
+    # a full memo: every call runs the chains, as a capture would
+    return plan, key if len(_CHAINS_LAUNCHED) < w4a16_plan.MEMO_PLANS else None
 
 
 def _expert_group(weights, first: int, count: int):
@@ -310,7 +318,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     contiguous group, two: the halves), the first on the caller's stream and each other on a stream of its own (forked
     after the first chain's routing, which lays out the activations for all, and joined before the top-k sum; the
     interpreter runs them in turn), each planned for its share (``w4a16_plan.chain_sms``) with one chain's K splits:
-    the same bits as one chain. An eager call runs the chains only the first time its plan comes on the device, one
+    the same bits as one chain. An eager call runs the chains only on the first call of its shape on the device, one
     chain after that (``_eager_plan``); a CUDA-graph capture runs them always."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, inter = weights.shape
@@ -321,8 +329,10 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
     plan = w4a16_plan.call_plan(cfg, num_pairs, num_experts, num_global, hidden, inter, device, hidden_states.dtype,
                                 weights.layout)  # fmt: skip
+    launched = None
     if plan.alone is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        plan = _eager_plan(plan, device)
+        key = _eager_key(plan, cfg, hidden_states, topk_weights, topk_ids, weights, num_global)
+        plan, launched = _eager_plan(plan, key)
     launch1, launch2, per_program = plan.gemms.gemm1, plan.gemms.gemm2, plan.gemms.per_program
     groups, n_counters = plan.chains, plan.gemms.counters
     # each chain's split and ready counters, zeroed by its routing launch
@@ -389,6 +399,8 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
             main.wait_stream(side)
     sum_over_slots(y, topk_ids, out, num_experts, interpret, pdl="sum" in plan.pdl)
     del scratch
+    if launched is not None:  # the chains' kernels are loaded: later eager calls run one chain
+        _CHAINS_LAUNCHED.add(launched)
     return out
 
 

@@ -129,11 +129,11 @@ INTERLEAVED_TOKENS_PER_EXPERT = 1 / 4
 # Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
 # the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
 CHAINS_MULTI_TILE_GEMM2 = False
-# Whether eager calls (no CUDA-graph capture) run the chains on every call; False: on a plan's first call on a device
-# only (which loads their kernels for a later capture), one chain with the same K splits after that
+# Whether eager calls (no CUDA-graph capture) run the chains on every call; False: only on the first call of each
+# shape on a device (which loads their kernels for a later capture), one chain with the same K splits after that
 # (``w4a16._eager_plan``). An eager call is its host's time: at GLM-5 EP8 B = 8 the chains took an H100 host 0.53-0.68
 # ms a call against 0.27-0.40 ms for one chain at other sizes (bench/README.md, runs 51-52), for a few microseconds
-# of GPU time. The experiments and the GPU tests of the chains set it.
+# of GPU time. The chains' own tests and the A/B experiments (``bench/exp/decode_cases.compare_variants``) set it.
 EAGER_CHAINS = False
 
 
@@ -204,8 +204,9 @@ def plan_gemms(
     like: GemmPlan | None = None,
 ) -> GemmPlan:  # fmt: skip
     """The grids of both GEMMs of one call, from sizes known on the host (no sync). ``like``: a plan of the same call
-    whose K splits both GEMMs keep, and then no stream-K schedule (a chain's grids, sized for its share of the experts
-    and SMs, with one chain's splits: each output summed in the same order, so the same bits)."""
+    whose K splits and gemm2's N tiles a program both GEMMs keep, and then no stream-K schedule (a chain's grids, sized
+    for its share of the experts and SMs, with one chain's splits: each output summed in the same order, so the same
+    bits)."""
 
     def blocks(gemm: GemmConfig) -> tuple[int, float]:
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
@@ -230,6 +231,8 @@ def plan_gemms(
     least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
     while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
         per_program //= 2  # few blocks: keep the programs that fill the GPU
+    if like is not None:  # its tiles a program, and so whether gemm2 may split at all
+        per_program = like.per_program
     launch2 = plan_launch(inter, cfg.gemm2, cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within, like=like and like.gemm2)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
