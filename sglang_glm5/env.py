@@ -137,7 +137,8 @@ TWO_CHAINS = Switch(
     "from 1/8 to 1/2 token per expert (GLM-5 B = 4-16) the W4A16 op runs as two chains, one per half of the local "
     "experts (up to 1/4 token per expert, B = 4-8: each every other active expert), on two CUDA streams, each on "
     "half the SMs (the second forked after the first's routing launch, each chain's gemm1 and gemm2 beside the "
-    "other's; one top-k sum), where gemm2 walks one N tile a program (GLM-5 EP8, not TP8); off = one chain",
+    "other's; one top-k sum), where gemm2 walks one N tile a program (GLM-5 EP8, not TP8), with one chain's K "
+    "splits (its bits); an eager call runs them on its shape's first call only, one chain after that; off = one chain",
     parse_bool,
 )  # fmt: skip
 GLUON_GEMM1 = Switch(
