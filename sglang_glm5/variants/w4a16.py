@@ -294,7 +294,8 @@ def _eager_plan(plan: w4a16_plan.CallPlan, key: tuple) -> tuple[w4a16_plan.CallP
     routing, GEMMs and streams cost 0.25-1 ms a call at GLM-5 EP8 B = 4-16, for a few microseconds of GPU time); a
     graph replays the chains for nothing. The first call runs them so that their kernels are compiled and loaded before
     a capture of that call, which cannot load a kernel (the driver refuses to load a module while a stream captures);
-    SGLang runs each batch size eagerly before it captures it. A call that raised records nothing."""
+    SGLang runs each batch size eagerly twice before it captures it (0.5.23:
+    ``runner_backend/full_cuda_graph_backend.py``, "so kernels are loaded"). A call that raised records nothing."""
     if w4a16_plan.EAGER_CHAINS:
         return plan, None
     if key in _CHAINS_LAUNCHED:
