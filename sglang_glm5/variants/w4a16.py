@@ -288,8 +288,8 @@ def _eager_key(plan: w4a16_plan.CallPlan, cfg, hidden_states, topk_weights, topk
 
 def _eager_plan(plan: w4a16_plan.CallPlan, key: tuple) -> tuple[w4a16_plan.CallPlan, tuple | None]:
     """(the plan an eager call runs, the key to record in ``_CHAINS_LAUNCHED`` once its launches went out, or None),
-    where ``plan`` has chains and the stream is not capturing a CUDA graph: the chains on the first such call of that
-    call (``_eager_key``), one chain (``plan.alone``, the same bits) on every later one, or the chains always with
+    where ``plan`` has chains and the stream is not capturing a CUDA graph: the chains on the first eager call of that
+    shape (``_eager_key``), one chain (``plan.alone``, the same bits) on every later one, or the chains always with
     ``w4a16_plan.EAGER_CHAINS``. An eager call's time is its host's (bench/README.md, runs 51-53: the chains' second
     routing, GEMMs and streams cost 0.25-1 ms a call at GLM-5 EP8 B = 4-16, for a few microseconds of GPU time); a
     graph replays the chains for nothing. The first call runs them so that their kernels are compiled and loaded before
