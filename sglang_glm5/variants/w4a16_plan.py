@@ -181,12 +181,13 @@ def plan_launch(
     block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
     launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
     """
-    work = max(1.0, blocks_expected) * n_programs
-    want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
-    programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
-    splits, per_split = k_splits(k_size, cfg.block_k, want)
     if like is not None and split:
         splits, per_split = like.splits, like.k_per_split
+    else:
+        work = max(1.0, blocks_expected) * n_programs
+        want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
+        splits, per_split = k_splits(k_size, cfg.block_k, want)
+    programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
     if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
         return Launch(blocks_bound, splits, per_split, blocks_last=splits > 1)
     return Launch(programs, splits, per_split)
@@ -227,12 +228,13 @@ def plan_gemms(
     ):
         launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
     tiles2 = cdiv(hidden, cfg.gemm2.block_n)
-    per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
-    least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
-    while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
-        per_program //= 2  # few blocks: keep the programs that fill the GPU
     if like is not None:  # its tiles a program, and so whether gemm2 may split at all
         per_program = like.per_program
+    else:
+        per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
+        least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
+        while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
+            per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
                           whole_grid_within=within, like=like and like.gemm2)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
