@@ -90,10 +90,21 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: dict, where: str = "config.json") -> ModelShape:
-        missing = [key for key in cls._KEYS.values() if not isinstance(config.get(key), int)]
+        if not isinstance(config, dict):
+            raise PlanError(f"{where}: expected a JSON object (a model's config.json), got {type(config).__name__}")
+        missing = [key for key in cls._KEYS.values() if not _is_int(config.get(key))]
         if missing:
             raise PlanError(f"{where}: not an MLA MoE config (GLM-5 / DeepSeek-V3 style); missing {', '.join(missing)}")
         values = {field: config[key] for field, key in cls._KEYS.items()}
+        may_be_zero = {"dense_layers", "shared_experts"}
+        bad = [f"{cls._KEYS[f]} = {v}" for f, v in values.items() if v < (0 if f in may_be_zero else 1)]
+        if values["dense_layers"] > values["layers"]:
+            bad.append(f"first_k_dense_replace = {values['dense_layers']} > num_hidden_layers = {values['layers']}")
+        if values["top_k"] > values["experts"]:
+            bad.append(f"num_experts_per_tok = {values['top_k']} > n_routed_experts = {values['experts']}")
+        if bad:
+            raise PlanError(f"{where}: expected positive sizes (first_k_dense_replace and n_shared_experts may be 0), "
+                            f"got {'; '.join(bad)}")  # fmt: skip
         dsa = isinstance(config.get("index_topk"), int)
         return cls(
             **values,
@@ -106,6 +117,10 @@ class ModelShape:
     @property
     def moe_layers(self) -> int:
         return self.layers - self.dense_layers
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def load_model_config(path: str | Path | None = None) -> tuple[ModelShape, str]:
@@ -281,9 +296,12 @@ class Plan:
 def _int(profile: Profile, overrides: dict[str, str], name: str, default: int) -> int:
     raw = overrides.get(name, profile.get(name, default))
     try:
-        return int(raw)
+        value = int(raw)
     except (TypeError, ValueError):
-        raise PlanError(f"--{name} {raw}: expected an integer") from None
+        raise PlanError(f"--{name} {raw}: expected a positive integer") from None
+    if value < 1:
+        raise PlanError(f"--{name} {raw}: expected a positive integer")
+    return value
 
 
 def make_plan(
@@ -451,8 +469,17 @@ def format_plan(plan: Plan) -> str:
     from sglang_glm5.hardware import TARGETS
 
     lay, gb = plan.layout, 1e9
+    changed = [
+        f"{what} {now}"
+        for what, now, profile_value in [
+            ("MoE backend", lay.backend, plan.profile.get("moe-runner-backend", "auto")),
+            ("attn-dp", lay.attn_dp, plan.profile.get("attn-dp-size", 1)),
+        ]
+        if str(now) != str(profile_value)
+    ]
     lines = [
-        f"plan: {plan.model_name} under {plan.profile.name}: {plan.profile.description}",
+        f"plan: {plan.model_name} under {plan.profile.name}: {plan.profile.description}"
+        + (f" (overridden after --: {', '.join(changed)})" if changed else ""),
         f"  layout: {plan.profile.num_gpus} GPUs, tp {lay.tp}, ep {lay.ep}, attn-dp {lay.attn_dp} "
         f"(attention TP {lay.attn_tp}), MoE backend {lay.backend}",
         "  weights per GPU:",

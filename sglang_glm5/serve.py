@@ -195,8 +195,14 @@ def _check_extras(profile: Profile, extras: list[Extra], args: argparse.Namespac
             raise ValueError(f"{shown} (after --) is deprecated in SGLang 0.5.23; use --attn-dp-size N after --")
         elif extra.name in SERVE_OPTIONS:
             raise ValueError(f"{shown} (after --): give it to serve as {SERVE_OPTIONS[extra.name]}, before --")
+        elif extra.name == "api-key" and not extra.value:
+            raise ValueError(f"{shown} (after --): expected a key after it; an empty key would leave the server open")
         elif extra.name == "api-key" and args.api_key and extra.value != args.api_key:
             raise ValueError("--api-key given twice with different values (serve's and after --)")
+        elif extra.name == "context-length" and args.context is not None and extra.value != str(args.context):
+            raise ValueError(f"{shown} (after --) and --context {args.context}: give the context once")
+    if args.api_key is not None and not args.api_key:
+        raise ValueError("--api-key: expected a key, got an empty one (which would leave the server open)")
 
 
 def _check_model(path: str) -> tuple[str | None, list[str]]:
@@ -270,6 +276,8 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
             f"profile {profile.name} runs on {nnodes} nodes: pass --node-rank 0..{nnodes - 1} and "
             f"--dist-init-addr HOST:PORT (node 0's address, the same on every node)"
         )
+    if nnodes == 1 and args.dist_init_addr:
+        raise ValueError(f"--dist-init-addr: profile {profile.name} runs on one node (no rendezvous to join)")
     node_rank = args.node_rank or 0
     if not 0 <= node_rank < nnodes:
         raise ValueError(f"--node-rank {node_rank}: expected 0..{nnodes - 1} for {nnodes} node(s)")

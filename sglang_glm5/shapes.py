@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 
@@ -41,7 +40,7 @@ SHAPES = {
 
 
 def parse_shape(text: str) -> MoeShape:
-    """A name from SHAPES, or 'E,H,I' (top-k 8)."""
+    """A name from SHAPES, or 'E,H,I' (top-k 8, or E where E < 8: a token routes to distinct experts)."""
     if text in SHAPES:
         return SHAPES[text]
     parts = text.split(",")
@@ -50,12 +49,5 @@ def parse_shape(text: str) -> MoeShape:
     e, h, i = (int(p) for p in parts)
     if h < 32 or i < 32 or h % 32 or i % 32 or e < 1:
         raise ValueError(f"shape: H and I must be positive multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
-    return MoeShape(e, h, i)
+    return MoeShape(e, h, i, top_k=min(8, e))
 
-
-def tokens_per_expert_from_env(name: str, *, allow_inf: bool) -> float | None:
-    """Environment variable ``name`` as a number of tokens per expert (>= 0; infinity only where
-    ``allow_inf``), None when unset or empty. Anything else is a ValueError naming the variable."""
-    from sglang_glm5.env import parse_tokens
-
-    return parse_tokens(name, os.environ.get(name, ""), allow_inf=allow_inf)

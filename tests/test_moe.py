@@ -502,3 +502,11 @@ def test_shapes_without_a_k_step_are_refused(text):
 
     with pytest.raises(ValueError, match="positive multiples of 32"):
         parse_shape(text)
+
+
+@pytest.mark.parametrize(("text", "top_k"), [("4,64,32", 4), ("1,64,32", 1), ("8,64,32", 8), ("300,64,32", 8)])
+def test_a_shape_of_few_experts_routes_each_token_to_all(text, top_k):
+    # 'E,H,I' is top-8 as GLM-5 is; with fewer than 8 experts a token can only take E distinct ones.
+    from sglang_glm5.shapes import parse_shape
+
+    assert parse_shape(text).top_k == top_k

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from importlib.resources import files
 
 import pytest
 
@@ -136,6 +138,27 @@ def test_bad_profile_files_are_named():
         load_profile("nope")
     with pytest.raises(P.PlanError, match="missing num_hidden_layers, first_k_dense_replace, n_routed_experts"):
         P.ModelShape.from_config({"hidden_size": 1})
+    # valid JSON that is not an object, and sizes that would print negative memory and token counts
+    with pytest.raises(P.PlanError, match="expected a JSON object .* got list"):
+        P.ModelShape.from_config([])
+    glm5 = json.loads((files("sglang_glm5.configs") / "models" / P.DEFAULT_MODEL_CONFIG).read_text())
+    with pytest.raises(P.PlanError, match="got num_hidden_layers = -1"):
+        P.ModelShape.from_config({**glm5, "num_hidden_layers": -1})
+    with pytest.raises(P.PlanError, match="n_routed_experts = 0; num_experts_per_tok = 8 > n_routed_experts = 0"):
+        P.ModelShape.from_config({**glm5, "n_routed_experts": 0})
+    with pytest.raises(P.PlanError, match="missing num_attention_heads"):
+        P.ModelShape.from_config({**glm5, "num_attention_heads": True})
+    assert P.ModelShape.from_config({**glm5, "n_shared_experts": 0}).shared_experts == 0
+
+
+def test_plan_flags_must_be_positive():
+    # A negative --max-running-requests once came out as --cuda-graph-max-bs-decode -1 in the printed command.
+    glm5 = P.load_model_config()[0]
+    for name in ("max-running-requests", "tp-size", "context-length", "cuda-graph-max-bs-decode"):
+        with pytest.raises(P.PlanError, match=f"--{name} -5: expected a positive integer"):
+            P.make_plan(load_profile("rtx-pro-6000x8-ep8"), glm5, overrides={name: "-5"})
+        with pytest.raises(P.PlanError, match=f"--{name} 0: expected a positive integer"):
+            P.make_plan(load_profile("rtx-pro-6000x8-ep8"), glm5, overrides={name: "0"})
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -160,3 +183,11 @@ def test_plan_and_serve_import_nothing_heavy():
     code = f"import sys, sglang_glm5.plan, sglang_glm5.serve; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_header_names_overrides():
+    # The stock baseline of scripts/run_loadtest.sh logs this plan: its header must not claim nvfp4_triton.
+    glm5, ep8 = P.load_model_config()[0], load_profile("rtx-pro-6000x8-ep8")
+    assert "overridden" not in P.format_plan(P.make_plan(ep8, glm5)).splitlines()[0]
+    header = P.format_plan(P.make_plan(ep8, glm5, overrides={"moe-runner-backend": "flashinfer_cutlass"})).splitlines()
+    assert header[0].endswith("(overridden after --: MoE backend flashinfer_cutlass)"), header[0]

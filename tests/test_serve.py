@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -232,6 +233,29 @@ def _serve_args(model_dir: Path, extra: list[str] | None = None, **kw) -> argpar
     base["extra"] = extra or []
     base.update(kw)
     return argparse.Namespace(**base)
+
+
+# Options that would have been dropped or overridden without a word (each once did).
+SILENT = [
+    # (why, serve options, extra args, text in the error)
+    ("an empty key after -- would leave the server open", {}, ["--api-key"], "expected a key after it"),
+    ("the same as --api-key=", {}, ["--api-key="], "expected a key after it"),
+    ("an empty --api-key of serve's own", {"api_key": ""}, [], "--api-key: expected a key, got an empty one"),
+    ("two contexts", {"context": 4096}, ["--context-length", "8192"], "and --context 4096: give the context once"),
+    ("a rendezvous on a one-node profile", {"dist_init_addr": "10.0.0.1:5000"}, [], "runs on one node"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SILENT, ids=[c[0] for c in SILENT])
+def test_options_that_would_be_lost_are_refused(model_dir, case):
+    _, options, extra, text = case
+    with pytest.raises(ValueError, match=re.escape(text)):
+        serve.build(_serve_args(model_dir, extra=extra, **options))
+
+
+def test_the_same_context_twice_is_no_conflict(model_dir):
+    _, plan = serve.build(_serve_args(model_dir, extra=["--context-length", "8192"], context=8192))
+    assert plan.context == 8192
 
 
 # ---------------------------------------------------------------------------------------------------------------
