@@ -58,7 +58,14 @@ from sglang_glm5.loadtest.accuracy_report import (
     read_logprobs,
     summary_lines,
 )
-from sglang_glm5.loadtest.runner import API_KEY_ENV, ServerDown, check_health, served_model, server_info
+from sglang_glm5.loadtest.runner import (
+    API_KEY_ENV,
+    ServerDown,
+    check_health,
+    served_model,
+    server_info,
+    server_url,
+)
 
 DEFAULT_TOP_K = 20
 RETRY_BACKOFF_S = 0.5  # first retry after this, then doubling, at most 4 s
@@ -448,6 +455,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--concurrency, --top-logprobs, --max-tokens, --passages and --problems must be >= 1, --retries >= 0"
         )
+    if not 0 < args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout {args.request_timeout:g}: expected a positive number of seconds")
+    args.host = server_url("--host", args.host)
+    if args.baseline_host:
+        args.baseline_host = server_url("--baseline-host", args.baseline_host)
     for tag in (args.tag, args.baseline_tag if args.baseline_host else None):
         if tag and (Path(args.out) / tag / FOLDER).exists() and not args.overwrite:
             raise ValueError(f"{Path(args.out) / tag / FOLDER} exists; pick another --tag or pass --overwrite")

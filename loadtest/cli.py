@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_glm5.cli import int_list
+from sglang_glm5.cli import int_list, positive
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -52,22 +52,24 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--tag", required=True, help="name of this run (the results folder's name), e.g. baseline")
     r.add_argument("--out", default="loadtest_results", help="parent folder of results (loadtest_results)")
     r.add_argument("--concurrency", type=int_list, default=[1, 8, 32, 64, 128], help="users per level (1,8,32,64,128)")
-    r.add_argument("--duration", type=float, default=60.0, help="seconds per run (60)")
-    r.add_argument("--repeats", type=int, default=3, help="runs per level (3)")
+    r.add_argument("--duration", type=positive(float), default=60.0, help="seconds per run (60)")
+    r.add_argument("--repeats", type=positive(int), default=3, help="runs per level (3)")
     r.add_argument("--warmup", type=int, default=8, help="warm-up requests before the sweep (8)")
     r.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before every run")
     r.add_argument("--mode", choices=("chat", "generate"), default="chat", help="/v1/chat/completions or /generate")
-    r.add_argument("--input-len", type=int, default=1024, help="prompt length in words, about one token each (1024)")
-    r.add_argument("--output-len", type=int, default=256, help="output tokens per request (256)")
+    r.add_argument("--input-len", type=positive(int), default=1024, help="prompt words, about a token each (1024)")
+    r.add_argument("--output-len", type=positive(int), default=256, help="output tokens per request (256)")
     r.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L*(1-r), L] (0: fixed)")
     r.add_argument("--seed", type=int, default=0, help="prompt seed (0)")
     r.add_argument("--prompt-file", default=None, help="JSONL prompts: {prompt|messages[, output_len]} per line")
     r.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early (lengths then differ)")
     r.add_argument("--model", default=None, help="model name for requests (default: the server's /v1/models)")
     r.add_argument("--api-key", default=None, help="Bearer token (default: $SGLANG_GLM5_API_KEY)")
-    r.add_argument("--request-timeout", type=float, default=600.0, help="seconds without data before a request fails")
-    r.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms)")
-    r.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms)")
+    r.add_argument(
+        "--request-timeout", type=positive(float), default=600.0, help="seconds without data before a request fails"
+    )
+    r.add_argument("--slo-ttft-ms", type=positive(float), default=None, help="goodput SLO on TTFT (ms)")
+    r.add_argument("--slo-tpot-ms", type=positive(float), default=None, help="goodput SLO on TPOT (ms)")
     r.add_argument("--overwrite", action="store_true", help="replace an existing results folder of the same tag")
     r.set_defaults(func=_cmd_run)
 
@@ -84,6 +86,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("baseline", help="results folder of the stock server (or a tag under loadtest_results/)")
     c.add_argument("patched", help="results folder of the patched server (or a tag under loadtest_results/)")
     c.add_argument("--out", default=None, help="report folder (default: compare_BASELINE_vs_PATCHED next to PATCHED)")
-    c.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms; default: the runs')")
-    c.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms; default: the runs')")
+    c.add_argument("--slo-ttft-ms", type=positive(float), help="goodput SLO on TTFT (ms; default: the runs')")
+    c.add_argument("--slo-tpot-ms", type=positive(float), help="goodput SLO on TPOT (ms; default: the runs')")
     c.set_defaults(func=_cmd_compare)

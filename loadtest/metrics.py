@@ -150,9 +150,18 @@ def load_results(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     run_path, rec_path = folder / RUN_FILE, folder / RECORDS_FILE
     if not run_path.is_file() or not rec_path.is_file():
         raise ValueError(f"{folder} is not a load-test results folder (expected {RUN_FILE} and {RECORDS_FILE})")
-    meta = json.loads(run_path.read_text())
-    records = [json.loads(line) for line in rec_path.read_text().splitlines() if line.strip()]
+    meta = _json(run_path, run_path.read_text(), 0)
+    records = [_json(rec_path, line, n) for n, line in enumerate(rec_path.read_text().splitlines(), 1) if line.strip()]
+    if not isinstance(meta, dict) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"{folder}: {RUN_FILE} and each line of {RECORDS_FILE} must be JSON objects")
     return meta, records
+
+
+def _json(path: Path, text: str, line: int) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}{f':{line}' if line else ''}: not JSON ({e.msg}); the file is damaged") from None
 
 
 def summarize(meta: dict[str, Any], records: list[dict[str, Any]], slo: Slo) -> dict[str, Any]:

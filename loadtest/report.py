@@ -68,6 +68,11 @@ def build(base_dir: Path, patched_dir: Path, slo: metrics.Slo) -> dict[str, Any]
     mb, rb = metrics.load_results(base_dir)
     mp, rp = metrics.load_results(patched_dir)
     check_comparable(mb, mp)
+    for folder, records in ((base_dir, rb), (patched_dir, rp)):
+        if not any(r.get("ok") for r in records):
+            raise ValueError(
+                f"{folder}: no request of this run succeeded ({len(records)} recorded): nothing to compare"
+            )
     sb, sp = metrics.summarize(mb, rb, slo), metrics.summarize(mp, rp, slo)
     levels = sorted(set(sb["levels"]) & set(sp["levels"]), key=int)
     if not levels:
@@ -225,7 +230,10 @@ def compare(args: argparse.Namespace) -> int:
     base_dir, patched_dir = resolve(args.baseline), resolve(args.patched)
     rep = build(base_dir, patched_dir, stored_slo(base_dir, patched_dir, args.slo_ttft_ms, args.slo_tpot_ms))
     out = Path(args.out) if args.out else patched_dir.parent / f"compare_{base_dir.name}_vs_{patched_dir.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot make a folder there ({e.strerror})") from None
     text = markdown(rep)
     (out / "report.md").write_text(text)
     (out / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")

@@ -174,11 +174,17 @@ def _warmup(host: str, workload: Workload, model: str, n: int, users: int, api_k
     print(f"warm-up: {n} requests, {n - ok} failed ({time.monotonic() - t0:.1f} s)", flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    host = args.host.rstrip("/")
+def server_url(option: str, url: str) -> str:
+    """``url`` without a trailing slash; ValueError naming ``option`` unless it is an http(s) URL with a host."""
+    host = url.rstrip("/")
     parsed = urllib.parse.urlsplit(host)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"--host {args.host}: expected a URL with its scheme, e.g. http://{host}")
+        raise ValueError(f"{option} {url}: expected a URL with its scheme, e.g. http://{host}")
+    return host
+
+
+def run(args: argparse.Namespace) -> int:
+    host = server_url("--host", args.host)
     api_key = args.api_key or env.get(env.API_KEY)
     try:
         check_health(host, api_key)
@@ -253,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
                 status = 1
                 print(f"  {label}: Locust exited with {rc}; see {records.with_suffix('.log')}", flush=True)
             s = metrics.run_stats(rows, users, slo)
+            if not s["ok"]:
+                status = 1
+                print(f"  {label}: no request succeeded (see {records.with_suffix('.log')})", flush=True)
             lat = metrics.distribution_ms([r["ttft"] for r in rows if r.get("ok")])
             tpot = metrics.distribution_ms([r["tpot"] for r in rows if r.get("ok") and r.get("tpot") is not None])
             print(

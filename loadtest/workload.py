@@ -66,7 +66,12 @@ class Workload:
         """The same workload reading prompts from `path`, with the file's hash (the comparison key)."""
         if path is None:
             return dataclasses.replace(self, prompt_file=None, prompt_file_sha256=None)
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"--prompt-file {path}: cannot read it ({e.strerror})") from None
+        _read_prompt_file(Path(path))  # every line checked before anything is sent or written
+        digest = hashlib.sha256(data).hexdigest()
         return dataclasses.replace(self, prompt_file=str(path), prompt_file_sha256=digest)
 
     def comparable_dict(self) -> dict[str, Any]:
@@ -114,10 +119,17 @@ class PromptSource:
 
 def _read_prompt_file(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as text ({getattr(e, 'strerror', None) or e})") from None
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg}); expected one JSON object a line") from None
         if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
             raise ValueError(f"{path}:{n}: expected a JSON object with 'prompt' or 'messages', got {line[:80]!r}")
         rows.append(row)

@@ -9,8 +9,10 @@
 # Each setting below can be overridden from the environment (CONCURRENCY=1,16 DURATION=30 ...).
 set -euo pipefail
 
-MODEL=${MODEL:-${1:?usage: $0 MODEL_PATH [extra loadtest run args]}}
-shift || true
+if [[ -z ${MODEL:-} ]]; then                        # the model folder: the first argument, or MODEL from the environment
+  MODEL=${1:?usage: $0 MODEL_PATH [extra loadtest run args] (or MODEL=PATH $0 [extra loadtest run args])}
+  shift                                             # with MODEL set, every argument goes to `loadtest run`
+fi
 PROFILE=${PROFILE:-}                                # `sglang-glm5 serve --profile` (empty: serve's default)
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-30000}

@@ -232,10 +232,13 @@ def test_run_loadtest_script_reports_accuracy_beside_the_gain(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PORT": str(port), "OUT": str(out),
            "CONCURRENCY": "1", "DURATION": "2", "REPEATS": "1", "WARMUP": "0",
-           "ACCURACY_ARGS": "--passages 4 --problems 40 --concurrency 4"}  # fmt: skip
-    proc = subprocess.run(["bash", str(tests.parent / "scripts" / "run_loadtest.sh"), "/models/fake"], env=env,
+           "ACCURACY_ARGS": "--passages 4 --problems 40 --concurrency 4", "MODEL": "/models/fake"}  # fmt: skip
+    # MODEL from the environment: every argument is `loadtest run`'s (the first was once dropped as the model's)
+    proc = subprocess.run(["bash", str(tests.parent / "scripts" / "run_loadtest.sh"), "--input-len", "24"], env=env,
                           capture_output=True, text=True, timeout=150)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for side in ("baseline", "patched"):
+        assert json.loads((out / side / "run.json").read_text())["workload"]["input_len"] == 24
     assert "accuracy patched: tasks vs reference: -20.0 points" in proc.stdout
     text = (out / "compare_baseline_vs_patched" / "report.md").read_text()
     assert "ACCURACY DROPPED beyond the 95% interval" in text and "1.000 -> 0.800" in text
@@ -279,6 +282,23 @@ def test_corpus_that_is_not_text(tmp_path, capsys, content, expected):
     path.write_bytes(content)
     with FakeSGLang() as server:
         rc = _accuracy(tmp_path, server.url, "x", "--corpus", str(path), "--no-tasks")
+        assert server.requests == 0
+    _one_line_error(capsys, rc, expected)
+    _nothing_written(tmp_path, "x")
+
+
+@pytest.mark.parametrize(
+    "host, options, expected",
+    [
+        # a zero timeout once failed every request as "connection error ... (expected an SGLang server)"
+        ("URL", ["--request-timeout", "0"], "--request-timeout 0: expected a positive number of seconds"),
+        ("127.0.0.1:30000", [], "--host 127.0.0.1:30000: expected a URL with its scheme, e.g. http://127.0.0.1:30000"),
+        ("URL", ["--baseline-host", "localhost:1"], "--baseline-host localhost:1: expected a URL with its scheme"),
+    ],
+)
+def test_bad_options_are_named_before_any_request(tmp_path, capsys, host, options, expected):
+    with FakeSGLang() as server:
+        rc = _accuracy(tmp_path, server.url if host == "URL" else host, "x", "--passages", "3", *options)
         assert server.requests == 0
     _one_line_error(capsys, rc, expected)
     _nothing_written(tmp_path, "x")

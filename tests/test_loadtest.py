@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,27 @@ def test_prompt_file(tmp_path):
         PromptSource(Workload().with_prompt_file(str(f)))
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        # (file content, or None: no such file / "DIR": a folder; the error, which names the file)
+        (None, "cannot read it (No such file or directory)"),
+        ("DIR", "cannot read it (Is a directory)"),
+        ('{"prompt": "a"}\nnot json\n', "p.jsonl:2: not JSON (Expecting value)"),
+        ("\n\n", "p.jsonl: no prompts"),
+    ],
+)
+def test_a_bad_prompt_file_is_named_before_anything_runs(tmp_path, content, message):
+    # with_prompt_file is what `loadtest run` calls before it creates the results folder or sends a request
+    f = tmp_path / "p.jsonl"
+    if content == "DIR":
+        f.mkdir()
+    elif content is not None:
+        f.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Workload().with_prompt_file(str(f))
+
+
 def test_percentile_matches_numpy():
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 100):  # 1 and 2: the interpolation edges
@@ -193,6 +215,32 @@ def test_compare_rejects_a_folder_that_is_not_results(tmp_path, capsys):
     base = _write_folder(tmp_path / "baseline", 1.0)
     assert main(["loadtest", "compare", str(base), str(tmp_path / "empty")]) == 2
     assert "is not a load-test results folder" in capsys.readouterr().err
+
+
+def test_compare_refuses_damaged_and_empty_runs(tmp_path, capsys):
+    base = _write_folder(tmp_path / "baseline", 1.0)
+    patched = _write_folder(tmp_path / "patched", 1.3)
+    (tmp_path / "a_file").write_text("")
+    assert main(["loadtest", "compare", str(base), str(patched), "--out", str(tmp_path / "a_file")]) == 2
+    assert "cannot make a folder there" in capsys.readouterr().err
+    with (patched / "requests.jsonl").open("a") as f:
+        f.write("{truncated\n")
+    assert main(["loadtest", "compare", str(base), str(patched)]) == 2
+    err = capsys.readouterr().err
+    assert "requests.jsonl:" in err and "not JSON" in err and len(err.strip().splitlines()) == 1
+    # a run in which every request failed (a server down, a timeout too short) once reported "nanx the throughput"
+    lines = (base / "requests.jsonl").read_text().splitlines()
+    failed = [json.dumps({**json.loads(x), "ok": False, "status": 0, "error": "timeout"}) for x in lines]
+    (base / "requests.jsonl").write_text("\n".join(failed) + "\n")
+    assert main(["loadtest", "compare", str(base), str(_write_folder(tmp_path / "patched2", 1.3))]) == 2
+    assert "no request of this run succeeded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--repeats=0", "--duration=-1", "--request-timeout=0", "--output-len=0"])
+def test_run_refuses_counts_and_times_that_cannot_work(option, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["loadtest", "run", "--host", "http://127.0.0.1:9", "--tag", "x", option])
+    assert e.value.code == 2 and "expected a positive" in capsys.readouterr().err
 
 
 def test_cli_imports_nothing_heavy():

@@ -84,6 +84,16 @@ def test_failures_are_counted_not_crashes(tmp_path):
         assert (tmp_path / "f" / name).stat().st_size > 0
 
 
+def test_a_run_in_which_nothing_succeeds_fails(tmp_path):
+    # Every request answered with HTTP 500: the records are kept, the exit status says the run measured nothing.
+    with FakeSGLang(ttft=0.02, gap=0.01, behaviours=("500",)) as server:
+        proc = _run(server.url, tmp_path, "--tag", "down", "--concurrency", "1", "--duration", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "c=1 repeat 1/1: no request succeeded" in proc.stdout
+    level = json.loads((tmp_path / "down" / "summary.json").read_text())["levels"]["1"]
+    assert level["ok"] == 0 and level["failure_kinds"].get("HTTP 500", 0) == level["failed"] > 0
+
+
 def test_run_against_a_closed_port_exits_with_one_line(tmp_path):
     with socket.socket() as s:  # a port where nothing listens: bound, never listening
         s.bind(("127.0.0.1", 0))
