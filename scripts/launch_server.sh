@@ -13,8 +13,10 @@
 # args); `sglang-glm5 serve --help` lists them. Settings from the environment:
 set -euo pipefail
 
-MODEL=${1:?usage: $0 MODEL_PATH [--dry-run] [serve options] [-- extra sglang args]}
-shift
+if [[ -z ${MODEL:-} ]]; then             # the model folder: the first argument, or MODEL from the environment
+  MODEL=${1:?usage: $0 MODEL_PATH [--dry-run] [serve options] [-- extra sglang args] (or MODEL=PATH $0 ...)}
+  shift
+fi
 PROFILE=${PROFILE:-rtx-pro-6000x8-ep8}   # configs/profiles/*.toml; `sglang-glm5 plan --profile P` explains one
 HOST=${HOST:-127.0.0.1}                  # 0.0.0.0 exposes the server: set SGLANG_GLM5_API_KEY too
 PORT=${PORT:-30000}

@@ -26,6 +26,18 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def check_writable(path: Path, option: str, *, folder: bool = False) -> None:
+    """ValueError naming ``option`` when ``path`` cannot become the file (``folder``: the folder) it names: it is a
+    folder (a file), or the nearest existing parent is a file. Checked before long work that ends in the write."""
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(
+            f"{option} {path}: a {'file' if folder else 'folder'}; expected a {'folder' if folder else 'file'}"
+        )
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{option} {path}: {parent} is a file, not a folder")
+
+
 def update_json(path: Path, update: Callable[[dict], None]) -> dict:
     """Locked read-modify-write; the new file replaces the old one atomically (temp file + rename).
 

@@ -148,6 +148,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sglang_glm5 import autotune, tuner, variants
+    from sglang_glm5._files import check_writable
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
 
@@ -190,6 +191,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             if variant.step_split_targets else f"--splits-only: {variant.title} has no K split plans"
         )  # fmt: skip
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
+    check_writable(out, "--out")  # before minutes of compiles and timings
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
     print(f"tune --path {args.path}: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
     seed = int.from_bytes(os.urandom(4), "little")

@@ -18,10 +18,11 @@ import argparse
 import importlib.util
 import os
 import shlex
-import socket
 import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from sglang_glm5._net import check_bind
 
 ROUTER_MODULE = "smg.launch_router"  # SGLang Model Gateway 1.13 (PyPI smg); sglang-router 0.3's was sglang_router.*
 ROUTER_DIST = "smg"
@@ -55,22 +56,12 @@ def check_worker_urls(urls: list[str]) -> list[str]:
     return seen
 
 
-def _check_port(host: str, port: int, what: str) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ValueError(f"{what} {port} on {host} is not free ({e.strerror}); choose another") from None
-
-
 def build(args: argparse.Namespace) -> RouterLaunch:
     workers = check_worker_urls(list(args.worker_urls))
     if args.metrics_port == args.port:
         raise ValueError(f"--metrics-port {args.metrics_port} is the router's --port; choose another")
-    _check_port(args.host, args.port, "--port")
-    _check_port(args.host, args.metrics_port, "--metrics-port")
+    check_bind(args.host, args.port, "--port")
+    check_bind(args.host, args.metrics_port, "--metrics-port")
     notes = []
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         notes.append(

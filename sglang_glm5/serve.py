@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import functools
 import importlib.util
 import os
 import re
 import shlex
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_glm5 import env as switches
+from sglang_glm5._net import check_bind
 from sglang_glm5._proc import python_command
 from sglang_glm5.patches import guard
 from sglang_glm5.plan import PlanError, format_plan, load_model_config, make_plan
@@ -217,25 +216,6 @@ def _check_model(path: str) -> tuple[str | None, list[str]]:
     raise ValueError(f"--model {path}: no such folder")
 
 
-def _check_port(host: str, port: int) -> None:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise ValueError(f"--host {host}: not an address or a name this machine can resolve ({e.strerror})") from None
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own bind: TIME_WAIT is no conflict
-        try:
-            s.bind(address)
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                raise ValueError(
-                    f"--host {host}: not an address of this machine ({e.strerror}); use one of its own addresses, "
-                    "127.0.0.1 or 0.0.0.0"
-                ) from None
-            raise ValueError(f"--port {port} on {host} is not free ({e.strerror}); choose another --port") from None
-
-
 def _environment(backend: str, profile: Profile) -> tuple[dict[str, str], dict[str, str]]:
     env = dict(os.environ)
     changes: dict[str, str] = {}
@@ -292,7 +272,7 @@ def build(args: argparse.Namespace) -> tuple[Launch, object]:
         args.api_key or next((e.value for e in extras if e.name == "api-key"), None) or switches.get(switches.API_KEY)
     )
     if node_rank == 0:
-        _check_port(args.host, args.port)
+        check_bind(args.host, args.port)
         if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
             notes.append(f"binding {args.host} without --api-key: anyone who can reach it can use the server")
 

@@ -50,4 +50,3 @@ def parse_shape(text: str) -> MoeShape:
     if h < 32 or i < 32 or h % 32 or i % 32 or e < 1:
         raise ValueError(f"shape: H and I must be positive multiples of 32 and E >= 1, got E={e}, H={h}, I={i}")
     return MoeShape(e, h, i, top_k=min(8, e))
-

@@ -34,7 +34,9 @@ def device() -> torch.device:
 @pytest.fixture
 def gen(request) -> torch.Generator:
     """A generator with a fresh seed, printed so that a failure can be replayed (SGLANG_GLM5_SEED)."""
-    seed = env.get(env.SEED) or int.from_bytes(os.urandom(4), "little")
+    seed = env.get(env.SEED)
+    if seed is None:  # SGLANG_GLM5_SEED=0 is a seed like any other
+        seed = int.from_bytes(os.urandom(4), "little")
     print(f"{request.node.name}: seed {seed}")
     g = torch.Generator()
     g.manual_seed(seed)

@@ -134,6 +134,18 @@ def test_tune_takes_fractional_batch_sizes_and_w4a4_refuses_them(tmp_path, capsy
     assert "--batch-sizes must be whole tokens per expert" in capsys.readouterr().err
 
 
+def test_tune_names_an_out_it_cannot_write_before_tuning(tmp_path, capsys, monkeypatch):
+    # A folder as --out once failed with IsADirectoryError after the whole tune (minutes of compiles on a GPU).
+    from sglang_glm5 import tuner
+    from sglang_glm5.cli import main
+
+    monkeypatch.setattr(tuner, "tune", lambda *a, **k: pytest.fail("tuned before checking --out"))
+    (tmp_path / "a_file").write_text("")
+    for out, text in [(tmp_path, "a folder; expected a file"), (tmp_path / "a_file" / "c.json", "is a file, not a")]:
+        assert main(["tune", "--shape", "8,64,32", "--batch-sizes", "1", "--out", str(out), "--no-survey"]) == 2
+        assert text in capsys.readouterr().err
+
+
 def test_user_cache_wins_over_shipped_then_heuristic(tmp_path):
     user, shipped = tmp_path / "user.json", tmp_path / "shipped.json"
     other = GemmConfig(32, 64, 128, 4, 2)

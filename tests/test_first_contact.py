@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from sglang_glm5 import _files, env, serve
+from sglang_glm5._net import check_bind
 from sglang_glm5.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,9 +178,9 @@ def test_serve_dry_run_refuses_a_bad_switch_before_anything(model_dir, variable,
 def test_serve_names_a_host_this_machine_does_not_have(model_dir):
     host = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of a real machine
     with pytest.raises(ValueError, match=f"--host {host}: not an address of this machine"):
-        serve._check_port(host, _free_port())
+        check_bind(host, _free_port())
     with pytest.raises(ValueError, match="--host no-such-host.invalid: not an address or a name"):
-        serve._check_port("no-such-host.invalid", _free_port())
+        check_bind("no-such-host.invalid", _free_port())
 
 
 def test_serve_warns_about_a_misspelt_switch(model_dir, monkeypatch):

@@ -237,6 +237,20 @@ def test_bad_worker_urls_are_one_clear_line(urls, text):
     assert out.stderr.strip().startswith("sglang-glm5 router: ") and text in out.stderr
 
 
+@pytest.mark.parametrize(
+    "host, text",
+    [
+        ("no-such-host.invalid", "--host no-such-host.invalid: not an address or a name this machine can resolve"),
+        ("192.0.2.1", "--host 192.0.2.1: not an address of this machine"),  # TEST-NET-1: no real machine's
+    ],
+)
+def test_a_bad_host_is_not_called_a_busy_port(capsys, host, text):
+    argv = ["router", "--worker-urls", "http://10.0.0.1:30000", "--dry-run", "--host", host, "--port"]
+    assert cli.main([*argv, str(_free_port()), "--metrics-port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert text in err and "not free" not in err
+
+
 def test_router_names_the_package_when_missing(monkeypatch, capsys):
     monkeypatch.setattr(router.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(os, "execvp", lambda *a: pytest.fail("exec without the router installed"))

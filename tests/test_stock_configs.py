@@ -126,6 +126,16 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
+def test_an_out_that_is_a_file_is_named_before_the_compiles(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sglang", reason="stock-configs needs SGLang")
+    from sglang_glm5.cli import main
+
+    monkeypatch.setattr(sc, "generate", lambda *a, **k: pytest.fail("compiled before checking --out"))
+    (tmp_path / "a_file").write_text("")
+    assert main(["stock-configs", "--out", str(tmp_path / "a_file")]) == 2
+    assert "a_file: a file; expected a folder" in capsys.readouterr().err
+
+
 def test_plugin_sets_dir_on_sm12x_only(clean_env, caplog):
     import os
 
