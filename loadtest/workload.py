@@ -120,7 +120,7 @@ class PromptSource:
 def _read_prompt_file(path: Path) -> list[dict[str, Any]]:
     rows = []
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark some editors write
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read it as text ({getattr(e, 'strerror', None) or e})") from None
     for n, line in enumerate(lines, 1):

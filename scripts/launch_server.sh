@@ -13,10 +13,12 @@
 # args); `sglang-glm5 serve --help` lists them. Settings from the environment:
 set -euo pipefail
 
-if [[ -z ${MODEL:-} ]]; then             # the model folder: the first argument, or MODEL from the environment
-  MODEL=${1:?usage: $0 MODEL_PATH [--dry-run] [serve options] [-- extra sglang args] (or MODEL=PATH $0 ...)}
+# The model folder: the first argument unless it is an option (every other argument is one), else MODEL.
+if [[ $# -gt 0 && $1 != -* ]]; then
+  MODEL=$1
   shift
 fi
+: "${MODEL:?usage: $0 MODEL_PATH [--dry-run] [serve options] [-- extra sglang args] (or MODEL=PATH $0 ...)}"
 PROFILE=${PROFILE:-rtx-pro-6000x8-ep8}   # configs/profiles/*.toml; `sglang-glm5 plan --profile P` explains one
 HOST=${HOST:-127.0.0.1}                  # 0.0.0.0 exposes the server: set SGLANG_GLM5_API_KEY too
 PORT=${PORT:-30000}

@@ -9,10 +9,12 @@
 # Each setting below can be overridden from the environment (CONCURRENCY=1,16 DURATION=30 ...).
 set -euo pipefail
 
-if [[ -z ${MODEL:-} ]]; then                        # the model folder: the first argument, or MODEL from the environment
-  MODEL=${1:?usage: $0 MODEL_PATH [extra loadtest run args] (or MODEL=PATH $0 [extra loadtest run args])}
-  shift                                             # with MODEL set, every argument goes to `loadtest run`
+# The model folder: the first argument unless it is an option (every other argument is one), else MODEL.
+if [[ $# -gt 0 && $1 != -* ]]; then
+  MODEL=$1
+  shift
 fi
+: "${MODEL:?usage: $0 MODEL_PATH [extra loadtest run args] (or MODEL=PATH $0 [extra loadtest run args])}"
 PROFILE=${PROFILE:-}                                # `sglang-glm5 serve --profile` (empty: serve's default)
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-30000}
@@ -70,12 +72,17 @@ start_server() {  # $1 tag, $2 MoE runner backend
     echo "$tag server healthy after $((SECONDS - t0)) s"
 }
 
+LOAD_STATUS=0
 load() {  # $1 tag, then extra `loadtest run` args
-    local tag=$1
+    local tag=$1 rc=0
     shift
     sglang-glm5 loadtest run --host "$URL" --tag "$tag" --out "$OUT" --concurrency "$CONCURRENCY" \
         --duration "$DURATION" --repeats "$REPEATS" --warmup "$WARMUP" --flush-cache --overwrite \
-        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" "$@"
+        --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" "$@" || rc=$?
+    # 1: a run failed or none of its requests succeeded (recorded; the A/B goes on and compare reports what it
+    # can); anything else (2: bad arguments) stops here
+    (( rc == 0 || rc == 1 )) || exit "$rc"
+    (( rc == 0 )) || LOAD_STATUS=1
 }
 
 ACCURACY_STATUS=0
@@ -100,4 +107,4 @@ accuracy patched "${ACCURACY_REFERENCE:-$OUT/baseline}"
 stop_server
 
 sglang-glm5 loadtest compare "$OUT/baseline" "$OUT/patched" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS"
-exit "$ACCURACY_STATUS"
+exit $(( LOAD_STATUS > ACCURACY_STATUS ? LOAD_STATUS : ACCURACY_STATUS ))

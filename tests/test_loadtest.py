@@ -117,6 +117,7 @@ def test_prompt_file(tmp_path):
         ("DIR", "cannot read it (Is a directory)"),
         ('{"prompt": "a"}\nnot json\n', "p.jsonl:2: not JSON (Expecting value)"),
         ("\n\n", "p.jsonl: no prompts"),
+        ("\ufeff" + '{"prompt": "a"}\nnot json\n', "p.jsonl:2: not JSON"),  # a byte-order mark is no error
     ],
 )
 def test_a_bad_prompt_file_is_named_before_anything_runs(tmp_path, content, message):

@@ -274,9 +274,10 @@ def test_launch_server_script_dry_run(sg, model_dir):
     assert args.tp_size == 8 and args.ep_size == 8 and args.moe_runner_backend == "nvfp4_triton"
     assert "plan: GLM-5" not in out.stderr and "808,156 tokens" in out.stderr  # the plan, read from the folder
 
-    # the model from MODEL (the README lists it among the script's settings), every argument serve's
-    more = dict(PROFILE="rtx-pro-6000x16-ep16", NODE_RANK="1", DIST_INIT_ADDR="10.0.0.1:50000", MODEL=str(model_dir))
-    out = subprocess.run([script, "--dry-run", "--", "--moe-runner-backend", "flashinfer_cutlass"],
+    # MODEL (the README lists it among the script's settings) gives way to a model path typed first; with the path
+    # left out it is the model (scripts/run_loadtest.sh's test runs that way)
+    more = dict(PROFILE="rtx-pro-6000x16-ep16", NODE_RANK="1", DIST_INIT_ADDR="10.0.0.1:50000", MODEL="/elsewhere")
+    out = subprocess.run([script, str(model_dir), "--dry-run", "--", "--moe-runner-backend", "flashinfer_cutlass"],
                          capture_output=True, text=True, env={**env, **more}, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     args = _check_round_trip(sg, _command(out.stdout)[4:])
