@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from sglang_glm5 import routing
 from sglang_glm5.moe import nvfp4_fused_moe
 from sglang_glm5.reference import align_pairs_by_expert_reference, nvfp4_fused_moe_reference
 from sglang_glm5.routing import CHUNKED_ROUTE_PAIRS, align_pairs_by_expert, route_pairs
@@ -127,13 +128,27 @@ def test_empty_batch_returns_empty_without_launch(gen, device):
     [
         (1, 8, 32, 16), (3, 4, 8, 16), (64, 8, 8, 64), (700, 2, 5, 32), (0, 2, 4, 16), (37, 3, 257, 16),
         # prefill sizes: from CHUNKED_ROUTE_PAIRS pairs two launches over chunks of the ids, the last partial
-        (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 32, 128), (CHUNKED_ROUTE_PAIRS // 8 + 3, 8, 65, 64),
+        (CHUNKED_ROUTE_PAIRS // 8 + 1, 8, 32, 128),
     ],
 )  # fmt: skip
 def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, gen, device):
     ids = torch.randint(-1, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
     ours = align_pairs_by_expert(ids.to(device), num_experts, block_m)
     ref = align_pairs_by_expert_reference(ids, num_experts, block_m)
+    assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
+
+
+def test_chunked_routing_of_many_experts_in_small_chunks(gen, device, monkeypatch):
+    # The chunked routing with 65 experts (E_PAD 128) and the last chunk partial, in chunks of 256 pairs from 1024
+    # (the same kernels; at the shipped 2048 a chunk the interpreter takes ~25 s, which the case above spends once).
+    monkeypatch.setattr(routing, "CHUNKED_ROUTE_PAIRS", 1024)
+    monkeypatch.setattr(routing, "ROUTE_CHUNK", 256)
+    chunked, calls = routing.route_chunked, []
+    monkeypatch.setattr(routing, "route_chunked", lambda *a: calls.append(a) or chunked(*a))
+    ids = torch.randint(-1, 65, (1024 // 8 + 3, 8), generator=gen, dtype=torch.int32)
+    ours = align_pairs_by_expert(ids.to(device), 65, 64)
+    assert len(calls) == 1  # the two launches ran, over 5 chunks
+    ref = align_pairs_by_expert_reference(ids, 65, 64)
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
 
 
