@@ -70,7 +70,7 @@ class Workload:
             data = Path(path).read_bytes()
         except OSError as e:
             raise ValueError(f"--prompt-file {path}: cannot read it ({e.strerror})") from None
-        _read_prompt_file(Path(path))  # every line checked before anything is sent or written
+        _parse_prompt_file(Path(path), data)  # every line checked before anything is sent or written
         digest = hashlib.sha256(data).hexdigest()
         return dataclasses.replace(self, prompt_file=str(path), prompt_file_sha256=digest)
 
@@ -118,11 +118,20 @@ class PromptSource:
 
 
 def _read_prompt_file(path: Path) -> list[dict[str, Any]]:
-    rows = []
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark some editors write
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it as text ({getattr(e, 'strerror', None) or e})") from None
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    return _parse_prompt_file(path, data)
+
+
+def _parse_prompt_file(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """The rows of a prompt file's content ``data`` (JSONL); ValueError naming ``path`` and the line."""
+    try:
+        lines = data.decode("utf-8-sig").splitlines()  # a byte-order mark some editors write
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: cannot read it as text ({e})") from None
+    rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
