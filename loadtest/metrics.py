@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_glm5._files import read_json
+
 RUN_FILE = "run.json"
 RECORDS_FILE = "requests.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -150,18 +152,21 @@ def load_results(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     run_path, rec_path = folder / RUN_FILE, folder / RECORDS_FILE
     if not run_path.is_file() or not rec_path.is_file():
         raise ValueError(f"{folder} is not a load-test results folder (expected {RUN_FILE} and {RECORDS_FILE})")
-    meta = _json(run_path, run_path.read_text(), 0)
-    records = [_json(rec_path, line, n) for n, line in enumerate(rec_path.read_text().splitlines(), 1) if line.strip()]
-    if not isinstance(meta, dict) or not all(isinstance(r, dict) for r in records):
-        raise ValueError(f"{folder}: {RUN_FILE} and each line of {RECORDS_FILE} must be JSON objects")
+    meta = read_json(run_path)  # a JSON object, else a ValueError naming the file
+    lines = enumerate(rec_path.read_text().splitlines(), 1)
+    records = [_record(rec_path, n, line) for n, line in lines if line.strip()]
     return meta, records
 
 
-def _json(path: Path, text: str, line: int) -> Any:
+def _record(path: Path, n: int, line: str) -> dict[str, Any]:
+    """Line ``n`` of a records file as its JSON object; a ValueError naming the line otherwise."""
     try:
-        return json.loads(text)
+        record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}{f':{line}' if line else ''}: not JSON ({e.msg}); the file is damaged") from None
+        raise ValueError(f"{path}:{n}: not JSON ({e.msg}); the file is damaged") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+    return record
 
 
 def summarize(meta: dict[str, Any], records: list[dict[str, Any]], slo: Slo) -> dict[str, Any]:
