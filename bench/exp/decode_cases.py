@@ -1,5 +1,6 @@
-"""What the decode experiments share: the seeded generator, the layers and real routings they time, the op's
-keyword arguments and cached tiles for them, the touched-experts floor, and per-kernel device times."""
+"""What the kept decode experiments share (``gluon_gemm1.py``, ``read_floor.py``): the seeded generator, the layers
+and real routings they time, the op's keyword arguments and cached tiles for them, the touched-experts floor, and
+per-kernel device times. Nothing here assigns the package's settings: an A/B of settings builds its own."""
 
 import os
 from collections import defaultdict
@@ -100,100 +101,3 @@ def kernel_us(fn, calls: int) -> dict[str, float]:
             total[name] += ev.device_time_total
     return {k: v / (reps * calls) for k, v in total.items()}
 
-
-def compare_variants(
-    out, name: str, variants: dict, batches, seed: int, repeats: int = 3, bundles_for=None
-) -> list[dict]:
-    """Time the op at real routing under each variant (name -> a function that sets it up; the first is the
-    reference), round-robin ``repeats`` times per case from CUDA graphs over the case's routings, with each
-    kernel's device time, whether the outputs are bit-identical to the reference's and their largest relative
-    difference. ``bundles_for(variant, bundles)``, if given, returns the layer copies a variant times (the same
-    weights in another layout, say); by default every variant times the case's. Prints a line per case and
-    writes ``out/name.json`` (after each case). The last variant's setup stays in force: callers restore what they
-    changed. The eager calls whose outputs are compared run the chains where a variant has them, as its graphs do
-    (``w4a16_plan.EAGER_CHAINS``, restored afterwards)."""
-    from sglang_glm5.variants import w4a16_plan
-
-    eager_chains = w4a16_plan.EAGER_CHAINS
-    w4a16_plan.EAGER_CHAINS = True
-    try:
-        return _compare_variants(out, name, variants, batches, seed, repeats, bundles_for)
-    finally:
-        w4a16_plan.EAGER_CHAINS = eager_chains
-
-
-def _compare_variants(out, name, variants, batches, seed, repeats, bundles_for) -> list[dict]:
-    import json
-    import statistics
-
-    from sglang_glm5.moe import fused_moe
-
-    gen = generator(seed)
-    bw = bench_real.copy_bandwidth()
-    rows = []
-    first = next(iter(variants))
-    for layout_name, layout, bundles, batch, inputs in cases(gen, batches):
-        layers = {v: bundles_for(v, bundles) if bundles_for else bundles for v in variants}
-
-        def call(v, inputs=inputs, layers=layers):
-            for i, (x, w, ids) in enumerate(inputs):
-                fused_moe(x, layers[v][i % 2], w, ids, **OP_KWARGS)
-
-        times = {v: [] for v in variants}
-        outs, kernels = {}, {}
-        for rep in range(repeats):
-            for v, setup in variants.items():
-                setup()
-                times[v].append(bench_real._time(lambda v=v: call(v), True, len(inputs)))
-                if rep == 0:
-                    outs[v] = [fused_moe(x, layers[v][i % 2], w, ids, **OP_KWARGS) for i, (x, w, ids) in
-                               enumerate(inputs)]  # fmt: skip
-                    kernels[v] = kernel_us(lambda v=v: call(v), len(inputs))
-        same = {v: all(torch.equal(a, b) for a, b in zip(outs[first], outs[v], strict=True)) for v in variants}
-        rel = {v: max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in
-                      zip(outs[v], outs[first], strict=True)) for v in variants}  # fmt: skip
-        floor = floor_ms(inputs, layout, bw)
-        med = {v: statistics.median(t) for v, t in times.items()}
-        line = line_ms(batch, floor)
-        rows.append({"layout": layout_name, "batch": batch, "floor_ms": floor, "line_ms": line, "ms": times,
-                     "kernels_us": kernels, "bit_identical": same, "rel_diff": rel})  # fmt: skip
-        cells = " | ".join(f"{v} {med[v] * 1e3:7.2f} us ({med[v] / med[first]:.3f}"
-                           f"{'' if same[v] else f', rel diff {rel[v]:.1e}'})" for v in variants)  # fmt: skip
-        line_cell = f" line {line * 1e3:6.1f} us" if line else ""
-        print(f"{layout_name} B={batch:4d} floor {floor * 1e3:6.1f} us{line_cell} | {cells}", flush=True)
-        for v, ks in kernels.items():
-            print(f"    {v}: " + " ".join(f"{k} {t:.1f}" for k, t in sorted(ks.items())), flush=True)
-        # rewritten after every case, so that a device call cut short by its time limit keeps the cases it finished
-        (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    return rows
-
-
-def compare_settings(out, name: str, module, settings: dict, batches, seed: int) -> list[dict]:
-    """``compare_variants`` over settings of a module's attributes (variant name -> {attribute: value}; the first is
-    the reference), the attributes restored afterwards. Each variant starts from the module's own values of every
-    attribute any variant sets, so that no setting stays in force into the next variant."""
-    saved = {attr: getattr(module, attr) for values in settings.values() for attr in values}
-
-    def setup(values: dict):
-        return lambda: [setattr(module, attr, value) for attr, value in {**saved, **values}.items()]
-
-    try:
-        return compare_variants(out, name, {v: setup(values) for v, values in settings.items()}, batches, seed)
-    finally:
-        for attr, value in saved.items():
-            setattr(module, attr, value)
-
-
-def tile_override(**tiles: str):
-    """``autotune.pick_config`` with the tiles of the named GEMMs replaced (``gemm1="16x128x256-w8-s3"``), for
-    ``compare_settings(..., autotune, {"name": {"pick_config": tile_override(...)}})``."""
-    import dataclasses
-
-    from sglang_glm5.tiles import GemmConfig
-
-    pick = autotune.pick_config
-
-    def pick_with(*args, **kwargs):
-        return dataclasses.replace(pick(*args, **kwargs), **{g: GemmConfig.from_label(t) for g, t in tiles.items()})
-
-    return pick_with

@@ -10,8 +10,10 @@ program per possible block. Decode: the op's gemm1 with its cached tile and plan
 against the Gluon kernel split for about 1, 2 and 4 programs per SM by the op's estimate of the blocks, and unsplit.
 Writes ``$OUT/gluon_gemm1.json`` or ``gluon_gemm1_decode.json`` (each kernel's median µs, h's relative difference
 from the op's on the valid pairs, the touched-experts floor of gemm1's bytes). ``GLUON_PROFILE=1`` launches each
-kernel of the first case once, for Nsight Compute (``gluon_ncu.sh``). The forms measured and dropped in run 29
-(padding rows read, copies after the wgmmas, 8 warps, BLOCK_K 128, 2 and 4 stages) are in this script at 6ba6c65.
+kernel of the first case once and exits, for Nsight Compute (``ncu --set full python3 bench/exp/gluon_gemm1.py OUT``).
+
+This decides whether the Gluon gemm1 (sm_90 only) earns its place: it stays where it beats the Triton gemm1 on the
+same tile and split by 5% or more at a shipped bucket (EXP_MODE=decode, B = 1-16; EXP_MODE=tiles, B = 16-256).
 """
 
 import dataclasses

@@ -15,10 +15,10 @@ as bench_real's routings), beside the same bytes' floor:
 
 The programs read chunks of every region in turn (chunk u of all the regions' chunks by program u mod programs), in
 16-byte vectors with all of a chunk's loads in flight, and each stores one int32 (the sum of what it read), so that
-nothing is optimized away. The gap between these times and the op's (run 41: one expert at T = 1 22.5 us, EP8) is
+nothing is optimized away. The gap between these times and the op's (one EP8 expert at T = 1: 22.5 us on the H200) is
 what decoding, the dots, the split sums and the chains between them cost; what these take beyond the floor is what no
 kernel can remove with that many launches.
-Results: bench/README.md, run 41.
+What it showed: docs/lab.md.
 Usage: python bench/exp/read_floor.py OUT_DIR   (BENCH_SEED, default 43; EXP_EXPERTS, default 1,2,3,4,8,16,32)
 """
 
