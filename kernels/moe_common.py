@@ -50,7 +50,7 @@ def mark_block_ready(ready_ptr, pid_m, READY: tl.constexpr):
 @triton.jit
 def await_block(ready_ptr, pid_m, tiles, READY: tl.constexpr):
     """With READY: wait until gemm1 has stored all ``tiles`` N tiles of h for routing block pid_m (acquire). (A
-    ``nanosleep`` between reads of the counter measured no different: bench/README.md, run 40.)
+    ``nanosleep`` between reads of the counter measures no different.)
 
     Deadlock-free: gemm2 is launched after gemm1 (in stream order, or with PDL once every gemm1 program has started),
     so the programs it waits on are running or done."""

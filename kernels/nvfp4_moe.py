@@ -203,7 +203,7 @@ def _gemm1_accumulate(
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # The K loop runs at least once: without this the compiled loop keeps a zero-trip path that sets
     # the accumulators by plain moves while wgmma may be in flight, and ptxas serializes every wgmma
-    # (warning C7515; up to 25% slower, depending on the tile: bench/h200/runs/exp_wgmma_serial.json).
+    # (warning C7515; up to 25% slower on the H200, depending on the tile).
     tl.assume(k_end > k_begin)
     for k0 in range(k_begin, k_end, BLOCK_K):
         x0, x1, x2, x3 = load_quarters(x_rows, k0, row_ok, hidden_size, BLOCK_K, EVEN_K, LAYOUT, INTERPRETER)

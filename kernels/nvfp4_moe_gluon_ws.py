@@ -15,8 +15,8 @@ partitions:
 The producer fills all STAGES slots ahead (the copy-issuing kernel refills the slot just consumed, STAGES - 1 ahead).
 The launch's register cap (``maxnreg``) times its WARPS + PRODUCER_WARPS warps is the CTA's budget: the producer takes
 PRODUCER_REGS a thread and the consumers the rest (``variants/w4a16_gluon.py``, ``PRODUCER_FORMS``).
-H200, the whole op at real routing (bench/README.md, run 43): the same bits as the copy-issuing kernel at every GLM-5
-step B = 2-256; faster only where a program has an SM to itself (TP8 B = 8, one program per SM: 0.976x the op).
+On the H200, the whole op at real routing: the same bits as the copy-issuing kernel at every GLM-5 step B = 2-256;
+faster only where a program has an SM to itself (TP8 B = 7-8, one program per SM: 0.974-0.978x the op).
 """
 
 from triton.experimental import gluon

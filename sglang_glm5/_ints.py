@@ -2,8 +2,8 @@
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are Triton language functions (``jit`` / ``constexpr_function``):
 called from Python each goes through Triton's wrapper, about 2 us a call on Triton 3.8 and more on 3.6, where the
-op computes a few dozen per call (bench/README.md, run 51: the op's host time per call). These are the same
-integer arithmetic in plain Python.
+op computes a few dozen per call, which an eager call's host time pays. These are the same integer arithmetic in
+plain Python.
 """
 
 

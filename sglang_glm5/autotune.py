@@ -77,8 +77,8 @@ def step_of(tokens_per_expert: float) -> Fraction | None:
     """The decode step of a call with at most half a token per expert: tokens per expert rounded up to a multiple of
     MIN_BUCKET (GLM-5 under EP8 or TP8: B / 32, each B = 1 .. 16 tokens per step its own); None above one half.
     A step has its own cache entries only where ``tune`` was asked for it (``--batch-sizes 3/32``): the split that
-    pays depends on the step's own blocks, and one tuned at an octave bucket's top step lost lower in the bucket
-    (bench/README.md, run 22). Without one, a lookup reads the octave bucket (``bucket_of``)."""
+    pays depends on the step's own blocks, and one tuned at an octave bucket's top step loses lower in the bucket
+    (GLM-5 B = 9: 1.14x at EP8). Without one, a lookup reads the octave bucket (``bucket_of``)."""
     if tokens_per_expert > Fraction(1, 2):
         return None
     steps = max(1, math.ceil(Fraction(tokens_per_expert) / MIN_BUCKET))
@@ -107,7 +107,7 @@ def gemm_shape(kernel: str, shape: MoeShape) -> tuple[int, int, int]:
 
 
 # A config tuned for m tokens per expert serves untuned buckets up to this many powers of two away:
-# tile choice changes slowly with m (bench/h200/tune.log), and an entry measured near m beats a guess.
+# tile choice changes slowly with m (the H200's tuning over buckets 1-2048), and an entry measured near m beats a guess.
 NEAREST_OCTAVES = 2
 # Lookups remembered by a call's exact tokens per expert (T * k / E: one value per token count a server sees, a few
 # thousand up to its chunk size); past this many entries new values take the bucket path each call.
@@ -125,8 +125,8 @@ def owner(target: GpuTarget, *, measured: bool) -> str:
 def siblings(target: GpuTarget) -> list[GpuTarget]:
     """The known GPUs (``hardware.TARGETS``) other than ``target`` with its architecture, SM count and shared memory
     per block: the same tiles fit and fill them, so a tile measured on one is a measured guess for the other (an
-    H100 SXM reads the H200's entries). On an H100 the H200's entries made the op 0.69-0.97x its time with the
-    heuristic tiles at GLM-5 real routing, B = 1-256 (bench/README.md, run 45)."""
+    H100 SXM reads the H200's entries). On an H100 the H200's entries make the op 0.69-0.97x its time with the
+    heuristic tiles at GLM-5 real routing, B = 1-256."""
     same = (target.arch, target.sm_count, target.shared_per_block)
     kin = [t for t in TARGETS.values() if t.name != target.name and (t.arch, t.sm_count, t.shared_per_block) == same]
     return sorted(kin, key=lambda t: t.name)
@@ -288,8 +288,6 @@ class ConfigCache:
     ``NEAREST_OCTAVES`` (2) powers of two away, the larger on a tie (``_nearest``); beyond that the
     heuristic. At each bucket the target's measured entry comes first, then its siblings', then its architecture's
     unmeasured one.
-    (Before the r2 kernels borrowing measured slower than the heuristic on H200, m=32 taking
-    1.64 ms with the m=16 tiles against 1.17 ms, and the lookup took exact buckets only; see NEAREST_OCTAVES.)
     Each kernel family (``variants``) reads its own entries, by the kernel field of their keys.
     """
 
@@ -343,7 +341,7 @@ class ConfigCache:
                 continue
             if b != bucket and entry.config.has_plan:
                 # A split or stream-K choice was timed at its own bucket's step (splits measured not to carry over
-                # to other steps: bench/README.md, run 22): another bucket borrows the tile, the grid is the plan's.
+                # to other steps): another bucket borrows the tile, the grid is the plan's.
                 return dataclasses.replace(entry, config=entry.config.without_plan())
             return entry
         return None

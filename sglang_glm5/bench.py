@@ -204,9 +204,8 @@ def rotating_layers(shape: MoeShape, gen: torch.Generator, *, w4a4: bool = False
 # slots -1); above it the routing is balanced (the inputs of 8 routings grow with the bucket: about 3 GB at GLM-5 EP8's
 # 256).
 # Real routing matters past the decode buckets too: an expert's pairs spread by about their square root, and a
-# 128-row block tile pays for the nearly empty second block that balanced routing never gives it (H200, run 34:
-# timed balanced, the 256-deep gemm1 tile was 0.83x the 64-row one at TP8's 128 tokens per expert; the op at real
-# routing measured it 1.02x).
+# 128-row block tile pays for the nearly empty second block that balanced routing never gives it (H200, TP8 at 128
+# tokens per expert: timed balanced, the 256-deep gemm1 tile is 0.83x the 64-row one; at real routing 1.02x).
 REAL_ROUTING_MAX_BUCKET = 256
 TUNE_ROUTINGS = 8  # routings per timed graph in the tuner
 

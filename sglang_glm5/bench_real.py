@@ -22,7 +22,7 @@ time at B = 8192 moves 6-11% between calls of the same process, so one timing of
 side of a line.
 
 This module needs only torch, triton, ``nvfp4_fused_moe``, ``testing.random_layer`` and ``nvfp4.dequantize``,
-so that ``bench/exp`` can run it against an older revision of the op in the same session.
+so that it can time an older revision of the op in the same session (``bench/device_run.sh``, ``STEPS=base``).
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ from sglang_glm5.weights import Nvfp4MoeWeights, check_tensor
 PERMUTE_T, PERMUTE_K = 16, 256  # the activation layout's tile: rows x columns per program
 # From 32 rows to 256 (GLM-5 B = 32-256, where every expert of a rank is busy) the activation layout's programs take
 # PERMUTE_T_BUSY rows each: a quarter as many programs behind the routing launch's E + 1 sorting ones (T a multiple of
-# 64). H100, GLM-5 at real routing, seed 43, the same bits (bench/README.md, run 47): the op 0.978x / 0.979x its time at
-# B = 256 (EP8 / TP8), 0.991x / 0.987x at 128, 1.001x / 0.989x at 64, 1.001x / 0.992x at 32. Fewer rows keep PERMUTE_T
-# (B = 8 with 64: 1.000x / 0.996x, no gain), and so do chunked-prefill sizes (not measured with 64).
+# 64); the same bits, the op about 2% faster at B = 256 (H100, GLM-5 at real routing). Fewer rows keep PERMUTE_T (no
+# gain at B = 8), and so do chunked-prefill sizes (not measured with 64).
 PERMUTE_T_BUSY = 64
 PERMUTE_BUSY_ROWS = (32, 256)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -136,12 +135,10 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
     """(ids per loop step, warps) of the routing launch. Each of its E + 1 programs walks all P ids twice in
     steps of this many: up to 1024 on 4 warps, so that a decode step (a few pairs) takes a small histogram;
     from ``WIDE_ROUTE_PAIRS`` pairs (GLM-5 B >= 4096) 8192 on 8 warps, 4096 above 64 experts (whose histogram
-    is wider). H200 (bench/README.md, run 24): at B = 8192 the launch took 74 against 186 us (EP8, 32 experts)
-    and 162 against 225 us (TP8, 256), at B = 16384 142 against 359 and 326 against 444; at B = 2048 the narrow
-    step was as fast or faster (TP8 59 us against 67-82). From ``CHUNKED_ROUTE_PAIRS`` pairs the op routes in two
-    launches instead (``route_chunked``; run 35: 104 against 272 us for TP8's two routings at B = 8192), so the wide
-    step serves only a one-launch routing asked for with PDL at those sizes (the op asks for PDL only below one token
-    per expert)."""
+    is wider): on the H200 the wide step takes GLM-5 EP8's launch at B = 8192 to 74 us from 186; at B = 2048 the
+    narrow step is as fast or faster. From ``CHUNKED_ROUTE_PAIRS`` pairs the op routes in two launches instead
+    (``route_chunked``: 104 against 272 us for TP8's two routings at B = 8192), so the wide step serves only a
+    one-launch routing asked for with PDL at those sizes (the op asks for PDL only below one token per expert)."""
     if num_pairs >= WIDE_ROUTE_PAIRS:
         return (8192 if num_experts <= 64 else 4096), 8
     return max(16, min(1024, next_power_of_2(num_pairs))), 4
@@ -311,9 +308,8 @@ def prepare_activations(x: torch.Tensor, layout: str = "checkpoint") -> torch.Te
 
 
 # The top-k sum's programs (one per token and block of hidden columns): columns each, and warps. Narrower at a few
-# tokens, where the sum is only a handful of programs (GLM-5 H = 6144: 6 a token at 1024 columns). H200, GLM-5 at real
-# routing (bench/README.md, run 27): 512 columns took the op 0.975-0.996x at B = 1-8 (the sum 1.9 -> 1.4 us at TP8
-# B = 1), 0.998-1.010x at B = 16, 0.997-1.005x at B = 64-256; the same sums, bit-identical.
+# tokens, where the sum is only a handful of programs (GLM-5 H = 6144: 6 a token at 1024 columns): 512 columns take
+# the op 0.975-0.996x at B = 1-8 on the H200 (the sum 1.9 -> 1.4 us at TP8 B = 1); the same sums, bit-identical.
 SUM_BLOCK_H = 1024
 SUM_BLOCK_H_FEW = 512
 SUM_FEW_TOKENS = 8

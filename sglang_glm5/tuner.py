@@ -28,7 +28,7 @@ from sglang_glm5.variants import KernelVariant
 # Tiles per (kernel, bucket) the tuner times again with other K split plans (``KernelVariant.split_candidates``).
 SPLIT_LEADERS = 3
 # ``tune --splits-only`` keeps another split plan than the default only when it is at least this much faster: on the
-# H200 a plan the tuner timed 0.7% faster than the default measured 2% slower in the whole op (bench/README.md, run 23).
+# H200 a plan the tuner timed 0.7% faster than the default measured 2% slower in the whole op.
 SPLIT_MARGIN = 0.02
 
 
