@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib
 import os
 import sys
@@ -147,7 +148,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     feasible picks offline. The same tuner for every family (``tuner.tune`` over ``variants.get``)."""
     from pathlib import Path
 
-    from sglang_glm5 import autotune, tuner, variants
+    from sglang_glm5 import autotune, env, tuner, variants
     from sglang_glm5._files import check_writable
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
@@ -190,14 +191,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"--splits-only times K split plans of {variant.title} on the target's own GPU (--target local)"
             if variant.step_split_targets else f"--splits-only: {variant.title} has no K split plans"
         )  # fmt: skip
+    check_cache_dir()  # before minutes of compiles and timings: the compiles are memoized there
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
-    check_writable(out, "--out")  # before minutes of compiles and timings
+    check_writable(out, "--out" if args.out else env.CACHE_DIR.name)
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
     print(f"tune --path {args.path}: {target.name} ({target.sm}, {target.shared_per_block} B shared per block), {mode}")
     seed = int.from_bytes(os.urandom(4), "little")
     buckets = list(args.batch_sizes or variant.tune_buckets)
     total = tuner.TuneReport()
     rc = 0
+    picked: dict = {}
     for shape in [parse_shape(s) for s in args.shape]:
         bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
         entries, report = tuner.tune(
@@ -205,6 +208,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             tiles=autotune.tiles_in_use(target, shape, variant.name) if args.splits_only else None,
         )  # fmt: skip
         autotune.store(out, target, entries)
+        picked.update(entries)
         total.add(report)
         print(f"\ntune: {shape}: {len(entries)} {variant.title} entries -> {out}")
         if variant.after_tune:
@@ -213,18 +217,81 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(f"tune: {line}")
     if measure:
         print(f"tune: {total.summary()}")
+        print("tune: next: `sglang-glm5 doctor` checks every tile this GPU's op may launch, then serve (README)")
+    else:
+        print(f"tune: {shipped_comparison(target, picked)}")
     from sglang_glm5.w4a4_select import clear_memo
 
     clear_memo()  # the op in this process reads the new entries and thresholds
     return rc
 
 
+class _Parser(argparse.ArgumentParser):
+    """An option a command does not know is refused by that command's parser, with its usage (argparse leaves
+    it to the top-level parser, whose usage names no option of the command)."""
+
+    top_level = False  # set on the parser of `sglang-glm5` itself; its subcommands' parsers are of this class too
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and not self.top_level:
+            known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+            close = [difflib.get_close_matches(x.split("=")[0], known, 1) for x in extras]
+            hints = [f"{x} (did you mean {c[0]}?)" if c else x for x, c in zip(extras, close, strict=True)]
+            self.error(f"unrecognized arguments: {' '.join(hints)}")
+        return namespace, extras
+
+
+def check_cache_dir() -> None:
+    """ValueError naming SGLANG_GLM5_CACHE_DIR when the cache folder cannot be made or written (checked before
+    long work that ends in a write there: the tuned tiles, the memoized compiles)."""
+    import tempfile
+
+    from sglang_glm5 import env
+
+    folder = env.cache_dir()
+    where = (f"{env.CACHE_DIR.name}={os.environ[env.CACHE_DIR.name]}" if os.environ.get(env.CACHE_DIR.name, "").strip()
+             else f"the cache folder {folder} ({env.CACHE_DIR.name} unset)")  # fmt: skip
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{where}: a file, not a folder; point {env.CACHE_DIR.name} at a writable folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"{where}: cannot write there ({e.strerror or e}); point {env.CACHE_DIR.name} at a "
+                         "writable folder") from None  # fmt: skip
+
+
+def shipped_comparison(target, picked: dict) -> str:
+    """One line: how offline picks (cache key -> ``autotune.Entry``) compare with the cache shipped for the target,
+    and what to run next."""
+    from sglang_glm5 import autotune
+
+    shipped_path = autotune.shipped_cache_path(target)
+    data = autotune.read_cache_file(shipped_path) or {}
+    shipped = data.get("entries") if isinstance(data.get("entries"), dict) else {}
+    ours = {key: entry.as_json()["config"] for key, entry in picked.items()}
+    theirs = {key: shipped[key].get("config") for key in ours if isinstance(shipped.get(key), dict)}
+    same = sum(theirs.get(key) == config for key, config in ours.items())
+    measure = f"on the {target.name} GPU itself `sglang-glm5 tune --target local` measures its own"
+    if ours and same == len(ours):
+        return (f"the {same} picks equal the shipped ones ({shipped_path.name}), which the op reads without this "
+                f"run: nothing changes; {measure}")  # fmt: skip
+    if not theirs:
+        return f"the package ships no offline picks for these {len(ours)} entries; the op now reads them; {measure}"
+    return (f"{len(ours) - same} of {len(ours)} picks differ from the shipped ones ({shipped_path.name}; "
+            f"{len(ours) - len(theirs)} of them new); the op now reads them; {measure}")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
     )
+    parser.top_level = True
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    importlib.import_module("sglang_glm5.quickstart").add_cli(sub)  # the first command, first in the list
 
     p = sub.add_parser(
         "selfcheck",
@@ -411,6 +478,18 @@ def int_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script. Output piped into a reader that stops early (``| head -1``) ends the command quietly."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a reader gone away shows here, not as a traceback at exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere
+        return 141  # as a program ended by SIGPIPE
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -1,24 +1,39 @@
 """``sglang-glm5 doctor``: what to run on the GPU box before serving. One line per check.
 
 Checks: where the package is imported from, GPU and target profile, SGLang / torch / Triton versions
-against the tested ones, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin found through
-the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user config
-caches (entries per file, broken files), on the GPU the tiles its op may launch through the op's decode check
-(ahead-of-time compiles under the installed Triton), and the op against the float64 reference on the GPU.
-Exit status 1 when any check fails. Nothing heavy is imported at module level.
+against the tested ones, the optional extras, the ``SGLANG_GLM5_*`` switches (``sglang_glm5.env``), the plugin
+found through the ``sglang.srt.plugins`` entry point and its SGLang hook targets present, the shipped and user
+caches (entries per file; every JSON file of the user cache that cannot be read, once), on the GPU the tiles its op
+may launch through the op's decode check (ahead-of-time compiles under the installed Triton), and the op against
+the float64 reference on the GPU. A missing optional part (SGLang, an extra) is a warning naming the extra; a
+machine without a GPU skips the GPU checks and says so. Exit status 1 when any check fails. Nothing heavy is
+imported at module level.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
+import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_VALUE = "sglang_glm5.patches:plugin"
+# Optional extras a command needs: (extra, modules it brings, the commands that need them).
+EXTRAS = (
+    ("loadtest", ("locust", "matplotlib"), "loadtest run, loadtest compare"),
+    ("router", ("smg",), "router"),
+)
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra: from PyPI and from a checkout."""
+    return f'pip install "sglang-glm5[{extra}]" (from a checkout: pip install ".[{extra}]")'
 
 
 def add_cli(subparsers) -> None:
@@ -68,13 +83,21 @@ def check_env() -> list[tuple[str, str]]:
     return lines
 
 
+def nvidia_driver_present() -> bool:
+    """True when this machine shows an NVIDIA driver (a device node or nvidia-smi), whatever torch sees."""
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
 def check_gpu(no_gpu: bool) -> tuple[str, str]:
     import torch
 
     if no_gpu:
         return SKIP, "GPU: --no-gpu"
     if not torch.cuda.is_available():
-        return FAIL, "GPU: torch sees no CUDA device"
+        if nvidia_driver_present():
+            return FAIL, (f"GPU: this machine has an NVIDIA driver but torch {torch.__version__} sees no CUDA "
+                          "device (a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides them)")  # fmt: skip
+        return SKIP, "GPU: none here (torch sees no CUDA device, no NVIDIA driver)"
     name = torch.cuda.get_device_name()
     major, minor = torch.cuda.get_device_capability()
     profile = "unknown"
@@ -94,7 +117,8 @@ def check_versions() -> list[tuple[str, str]]:
     lines = []
     sglang = guard.installed_sglang_version()
     if sglang is None:
-        lines.append((FAIL, "sglang: not installed"))
+        tested = ", ".join(guard.SUPPORTED_SGLANG_VERSIONS)
+        lines.append((WARN, f"sglang: not installed (needed to serve; tested: {tested}): {install_hint('sglang')}"))
     else:
         ok = guard.version_supported(sglang)
         tested = ", ".join(guard.SUPPORTED_SGLANG_VERSIONS)
@@ -104,6 +128,19 @@ def check_versions() -> list[tuple[str, str]]:
         base = (found or "").split("+")[0]
         status = FAIL if found is None else (OK if base in tested else WARN)
         lines.append((status, f"{dist} {found or 'not installed'} (tested: {', '.join(tested)})"))
+    return lines
+
+
+def check_extras() -> list[tuple[str, str]]:
+    """The optional extras other than SGLang (``check_versions``): a missing one is a warning naming it."""
+    lines = []
+    for extra, modules, commands in EXTRAS:
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            lines.append((WARN, f"extra {extra}: {', '.join(missing)} not installed (needed by {commands}): "
+                          f"{install_hint(extra)}"))  # fmt: skip
+        else:
+            lines.append((OK, f"extra {extra}: {', '.join(modules)} installed"))
     return lines
 
 
@@ -120,7 +157,9 @@ def check_plugin() -> list[tuple[str, str]]:
     if guard.disabled():
         lines.append((WARN, f"plugin: {guard.DISABLE_ENV} turns the plugin off: SGLang runs stock, and "
                       f"--moe-runner-backend {guard.BACKEND_NAME} is not available"))  # fmt: skip
-    if guard.version_supported(guard.installed_sglang_version()):
+    if guard.installed_sglang_version() is None:
+        lines.append((SKIP, "plugin: SGLang hook targets not checked (SGLang not installed)"))
+    elif guard.version_supported(guard.installed_sglang_version()):
         from sglang_glm5 import patches
 
         try:
@@ -139,16 +178,25 @@ def check_cache() -> list[tuple[str, str]]:
     import torch
 
     from sglang_glm5 import autotune, hardware
+    from sglang_glm5._files import cache_dir, read_json
 
     lines = []
     counts = []
+    for path in sorted(cache_dir().glob("*.json")) if cache_dir().is_dir() else []:  # the memoized compiles, ...
+        try:
+            read_json(path)
+        except (OSError, ValueError) as e:
+            lines.append((WARN, f"cache: {path} cannot be read ({_reason(e, path)}): not used; the next write there "
+                          "keeps it aside as NAME.corrupt-<time> and starts a new one"))  # fmt: skip
     for name, folder in (("user", autotune.user_dir()), ("shipped", autotune.shipped_dir())):
         owners: dict[str, int] = {}
         files = sorted(folder.glob("*.json")) if folder.is_dir() else []
         for path in files:
-            data = autotune.read_cache_file(path)
-            if data is None:
-                lines.append((WARN, f"cache: {path} cannot be read (skipped by lookups; `tune` keeps it aside)"))
+            try:
+                data = read_json(path)
+            except (OSError, ValueError) as e:
+                lines.append((WARN, f"cache: {path} cannot be read ({_reason(e, path)}): skipped by lookups; "
+                              "`tune` keeps it aside"))  # fmt: skip
                 continue
             raw = data.get("entries")
             for key in raw if isinstance(raw, dict) else ():
@@ -159,7 +207,8 @@ def check_cache() -> list[tuple[str, str]]:
     where = f"{autotune.user_dir()} and {autotune.shipped_dir()}"
     if torch.cuda.is_available():
         target = hardware.detect()
-        cache = autotune.ConfigCache(target)
+        with _quiet(autotune.log):  # the unreadable files are reported above, once
+            cache = autotune.ConfigCache(target)
         entries = cache.entries
         own, *borrowed_from, _ = cache.owners  # own measured, siblings' measured, the architecture's unmeasured
         measured = sum(key.startswith(own + "|") for key in entries)
@@ -184,44 +233,84 @@ def check_cache() -> list[tuple[str, str]]:
     return lines
 
 
+def _reason(error: Exception, path: Path) -> str:
+    """An error's text without the path the line already names."""
+    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return text.removeprefix(f"{path}: ")
+
+
+class _quiet:
+    """Silences a logger inside ``with``: doctor prints the problems it would log, each once."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.was = logger, logger.disabled
+
+    def __enter__(self) -> None:
+        self.logger.disabled = True
+
+    def __exit__(self, *exc) -> None:
+        self.logger.disabled = self.was
+
+
+def target_tiles(target) -> list:
+    """The W4A16 Triton tiles the op may launch on ``target`` (a ``hardware.GpuTarget``): its cache entries
+    (``autotune.ConfigCache``: the user's files over the shipped ones) and the heuristic's; (kernel, config) pairs."""
+    from sglang_glm5 import autotune, variants
+    from sglang_glm5.variants import w4a16_tiles
+
+    with _quiet(autotune.log):  # check_cache reports unreadable files
+        cache = autotune.ConfigCache(target)
+    entries = [(autotune.key_kernel_field(key), e.config) for key, e in cache.entries.items()]
+    return w4a16_tiles.launchable_tiles(entries, variants.get("w4a16"))
+
+
+def check_target_tiles(target, tiles: list) -> tuple[str, str]:
+    """``tiles`` (``target_tiles``) compiled ahead of time for the target's architecture under the installed Triton
+    (no GPU needed), each within its shared memory per block and through the decode check the op applies at each
+    kernel's first launch (``variants.w4a16_pairs``): a tile it refuses would stop a server at its first call of that
+    size. Compiles are memoized ($SGLANG_GLM5_CACHE_DIR/aot_shared.json)."""
+    import triton
+
+    from sglang_glm5.patches import guard
+    from sglang_glm5.variants import w4a16_tiles
+
+    try:
+        verdicts = w4a16_tiles.compiled_shared_bytes_many(tiles, target)
+    except RuntimeError as e:
+        return FAIL, f"tiles: an ahead-of-time compile failed under Triton {triton.__version__}: {e}"
+    refused = [f"{k} {c.label}" for (k, c), v in zip(tiles, verdicts, strict=True) if isinstance(v, str)]
+    if refused:
+        return FAIL, (f"tiles: under Triton {triton.__version__} the op would refuse {len(refused)} of {len(tiles)} "
+                      f"tiles at their first launch (a register's two weight words under two scale blocks): "
+                      f"{', '.join(refused)}; `sglang-glm5 tune --target local` on that GPU picks others for the "
+                      f"cache (tested Triton: {', '.join(guard.TESTED_TRITON_VERSIONS)})")  # fmt: skip
+    over = [f"{k} {c.label} ({v} B)" for (k, c), v in zip(tiles, verdicts, strict=True) if not target.fits(v)]
+    if over:
+        return FAIL, (f"tiles: {len(over)} of {len(tiles)} tiles exceed {target.name}'s {target.shared_per_block} B "
+                      f"of shared memory per block: {', '.join(over)}")  # fmt: skip
+    return OK, (f"tiles: the {len(tiles)} W4A16 tiles the op may launch on {target.name} compile for {target.sm} "
+                f"within its {target.shared_per_block} B of shared memory (largest {max(verdicts)} B) and decode "
+                f"under their own block scales (Triton {triton.__version__})")  # fmt: skip
+
+
 def check_tiles(no_gpu: bool, skip: bool) -> list[tuple[str, str]]:
-    """The W4A16 Triton tiles this GPU's op may launch (its cache entries, ``autotune.ConfigCache``, and the
-    heuristic's) compiled ahead of time for its architecture under the installed Triton, through the decode check the
-    op applies at each kernel's first launch (``variants.w4a16_pairs``): a tile it refuses would stop a server at its
-    first call of that size, which this reports before serving. Compiles are memoized
-    ($SGLANG_GLM5_CACHE_DIR/aot_shared.json)."""
+    """The tiles this GPU's op may launch, through ``check_target_tiles``: before serving, not at a first call."""
     import torch
 
     if skip:
         return [(SKIP, "tiles: --no-tiles")]
     if no_gpu or not torch.cuda.is_available():
-        return [(SKIP, "tiles: needs the GPU that will serve (the tiles its op reads for its architecture)")]
-    import triton
-
-    from sglang_glm5 import autotune, hardware, variants
-    from sglang_glm5.patches import guard
-    from sglang_glm5.variants import w4a16_tiles
+        return [(SKIP, "tiles: needs the GPU that will serve (`sglang-glm5 quickstart` checks the shipped RTX PRO "
+                 "6000 tiles without one)")]  # fmt: skip
+    from sglang_glm5 import hardware, variants
 
     target = hardware.detect()
-    variant = variants.get("w4a16")
-    if not variant.runs_on(target.arch):
+    if not variants.get("w4a16").runs_on(target.arch):
         return [(SKIP, f"tiles: the W4A16 kernels do not run on {target.sm}")]
-    entries = [(autotune.key_kernel_field(key), e.config) for key, e in autotune.ConfigCache(target).entries.items()]
-    tiles = w4a16_tiles.launchable_tiles(entries, variant)
+    tiles = target_tiles(target)
     print(f"[ .. ] tiles: compiling {len(tiles)} W4A16 tiles for {target.sm} (memoized; minutes the first time)",
           flush=True)  # fmt: skip
-    try:
-        verdicts = w4a16_tiles.compiled_shared_bytes_many(tiles, target)
-    except RuntimeError as e:
-        return [(FAIL, f"tiles: an ahead-of-time compile failed under Triton {triton.__version__}: {e}")]
-    refused = [f"{k} {c.label}" for (k, c), v in zip(tiles, verdicts, strict=True) if isinstance(v, str)]
-    if refused:
-        return [(FAIL, f"tiles: under Triton {triton.__version__} the op would refuse {len(refused)} of {len(tiles)} "
-                 f"tiles at their first launch (a register's two weight words under two scale blocks): "
-                 f"{', '.join(refused)}; `sglang-glm5 tune --target local` picks others for the cache (tested "
-                 f"Triton: {', '.join(guard.TESTED_TRITON_VERSIONS)})")]  # fmt: skip
-    return [(OK, f"tiles: the {len(tiles)} W4A16 tiles this GPU's op may launch decode under their own block scales "
-             f"({target.sm}, Triton {triton.__version__})")]  # fmt: skip
+    return [check_target_tiles(target, tiles)]
 
 
 def check_op(no_gpu: bool) -> tuple[str, str]:
@@ -251,16 +340,22 @@ def run(args: argparse.Namespace) -> int:
         lambda: [check_package()],
         lambda: [check_gpu(args.no_gpu)],
         check_versions,
+        check_extras,
         check_env,
         check_plugin,
         check_cache,
         lambda: check_tiles(args.no_gpu, args.no_tiles),
         lambda: [check_op(args.no_gpu)],
     ]
-    failures = 0
+    failures, skipped, warnings = 0, [], 0
     for check in checks:
         for status, line in check():
             failures += status == FAIL
+            warnings += status == WARN
+            if status == SKIP:
+                skipped.append(line.split(":")[0])
             print(f"[{status:>4}] {line}", flush=True)
-    print("doctor: " + ("all checks passed" if not failures else f"{failures} check(s) FAILED"))
+    verdict = "all checks passed" if not failures else f"{failures} check(s) FAILED"
+    notes = [f"{warnings} warning(s)"] * bool(warnings) + [f"skipped: {', '.join(skipped)}"] * bool(skipped)
+    print(f"doctor: {verdict}" + (f" ({'; '.join(notes)})" if notes else ""))
     return 1 if failures else 0

@@ -528,6 +528,7 @@ def format_flags(plan: Plan) -> str:
 
 def add_cli(subparsers) -> None:
     from sglang_glm5.cli import positive
+    from sglang_glm5.profiles import profile_help
 
     p = subparsers.add_parser(
         "plan",
@@ -536,7 +537,7 @@ def add_cli(subparsers) -> None:
         "the MLA + DSA KV-cache bytes per token, how many tokens and full-context requests fit, the collectives of a "
         "decode step, and the SGLang flags that follow. Exit status 2 when the plan does not fit, with the shortfall.",
     )
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=profile_help())
     p.add_argument("--model-config", default=None, help="config.json or a model folder (default: GLM-5's shipped)")
     p.add_argument(
         "--context", type=positive(int), default=None, help="longest request in tokens (default: the profile's)"

@@ -24,9 +24,13 @@ File format::
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, replace
 from importlib.resources import files
+from pathlib import Path
+
+from sglang_glm5.hardware import TARGETS
 
 DEFAULT_PROFILE = "rtx-pro-6000x8-ep8"
 _KEYS = {"description", "gpu", "gpu_memory_gib", "gpus_per_node", "context", "flags"}
@@ -111,13 +115,32 @@ def mtp_profiles() -> list[str]:
     return [name for name in profile_names() if load_profile(name).mtp_flags]
 
 
+def is_profile_path(name: str) -> bool:
+    """True when ``--profile`` names a file (a ``.toml`` name or one with a folder) rather than a shipped profile."""
+    return name.endswith(".toml") or "/" in name or os.sep in name
+
+
 def load_profile(name: str) -> Profile:
-    """A shipped profile by name; ValueError naming the known ones when there is none."""
+    """A shipped profile by name, or a profile file by path (``is_profile_path``), checked as the shipped ones are;
+    ValueError naming the known ones when there is none."""
+    if is_profile_path(name):
+        try:
+            text = Path(name).read_text()
+        except OSError as e:
+            raise ValueError(f"profile file {name}: cannot read it ({e.strerror or e})") from None
+        return parse_profile(name, text)
     known = profile_names()
     if name not in known:
-        raise ValueError(f"unknown profile {name!r}; expected one of {', '.join(known)}")
+        raise ValueError(f"unknown profile {name!r}; expected one of {', '.join(known)}, or a path to a .toml file")
     text = (files("sglang_glm5.configs") / "profiles" / f"{name}.toml").read_text()
     return parse_profile(name, text)
+
+
+def profile_help() -> str:
+    """The help of every ``--profile`` option: the shipped names and the file alternative."""
+    names = [f"{n} (default)" if n == DEFAULT_PROFILE else n for n in profile_names()]
+    return (f"launch profile: {', '.join(names)}; or a path to a TOML file in their format "
+            "(configs/profiles/*.toml, e.g. for 4 or 16 GPUs), checked as they are")  # fmt: skip
 
 
 def parse_profile(name: str, text: str) -> Profile:
@@ -137,6 +160,11 @@ def parse_profile(name: str, text: str) -> Profile:
         if not var.isupper() or not isinstance(value, str):
             raise ValueError(f"profile {name}: env {var} must be an upper-case name with a string value, got {value!r}")
         env.append(EnvVar(var, value, reason))
+    if data["gpu"] not in TARGETS:
+        raise ValueError(f"profile {name}: gpu must be one of {', '.join(TARGETS)}, got {data['gpu']!r}")
+    for key, kind in (("gpu_memory_gib", (int, float)), ("gpus_per_node", int), ("context", int)):
+        if not isinstance(data[key], kind) or isinstance(data[key], bool) or not data[key] > 0:
+            raise ValueError(f"profile {name}: {key} must be a positive number, got {data[key]!r}")
     mtp_flags = tuple(_flags(name, "mtp", data.get("mtp", {})))
     if mtp_flags and not any(flag.name == MTP_FLAG for flag in mtp_flags):
         raise ValueError(f"profile {name}: the [mtp] table must set {MTP_FLAG}")

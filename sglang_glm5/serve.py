@@ -316,6 +316,7 @@ def shown_command(launch: Launch) -> str:
 def add_cli(subparsers) -> None:
     from sglang_glm5.cli import port_number, positive
 
+    from sglang_glm5.profiles import profile_help
     p = subparsers.add_parser(
         "serve",
         help="start SGLang with a launch profile (--dry-run: print the command)",
@@ -324,7 +325,7 @@ def add_cli(subparsers) -> None:
         "and quantization stay the profile's.",
     )
     p.add_argument("--model", required=True, help="model folder (with config.json) or a Hugging Face repo id")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"launch profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help=profile_help())
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port_number, default=30000, help="HTTP port (default 30000)")
     p.add_argument("--api-key", default=None, help=f"required from clients (default: ${API_KEY_ENV} if set)")
