@@ -50,6 +50,8 @@ class GpuTarget:
     shared_per_block: int  # bytes a block may use (opt-in maximum)
     sm_count: int
     mem_bandwidth: float  # bytes/s, datasheet
+    dense_bf16_flops: float = 0.0  # FLOP/s, datasheet, dense tensor cores (the step model's compute ceilings)
+    dense_fp4_flops: float = 0.0  # FLOP/s, datasheet, dense block-scaled FP4 (0: no FP4 tensor cores)
 
     @property
     def sm(self) -> str:
@@ -68,15 +70,16 @@ class GpuTarget:
 TARGETS = {
     t.name: t
     for t in (
-        GpuTarget("rtx-pro-6000", 120, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 101376, 188, 1.79e12),
+        GpuTarget("rtx-pro-6000", 120, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 101376, 188, 1.79e12,
+                  504e12, 2e15),  # BF16 and FP4 dense: shared/FACTS.md
         GpuTarget("rtx-pro-6000-server", 120, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 101376, 188, 1.6e12),
         GpuTarget(
             "rtx-pro-6000-maxq", 120, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 101376, 188, 1.79e12
         ),  # fmt: skip
         GpuTarget("rtx-5090", 120, "NVIDIA GeForce RTX 5090", 101376, 170, 1.79e12),
         GpuTarget("dgx-spark", 121, "NVIDIA GB10", 101376, 48, 0.273e12),
-        GpuTarget("h200", 90, "NVIDIA H200", 232448, 132, 4.8e12),
-        GpuTarget("h100", 90, "NVIDIA H100 80GB HBM3", 232448, 132, 3.35e12),
+        GpuTarget("h200", 90, "NVIDIA H200", 232448, 132, 4.8e12, 989e12),  # BF16 dense, SXM datasheet
+        GpuTarget("h100", 90, "NVIDIA H100 80GB HBM3", 232448, 132, 3.35e12, 989e12),  # BF16 dense, SXM datasheet
         GpuTarget("b200", 100, "NVIDIA B200", 232448, 148, 8.0e12),
         GpuTarget("a100", 80, "NVIDIA A100-SXM4-80GB", 166912, 108, 2.04e12),
         GpuTarget("l40s", 89, "NVIDIA L40S", 101376, 142, 0.864e12),

@@ -549,12 +549,17 @@ def add_cli(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """The plan `plan`'s options ask for."""
     profile = load_profile(args.profile)
     if args.mtp:
         profile = profile.with_mtp()
     model, name = load_model_config(args.model_config)
-    plan = make_plan(profile, model, model_name=name, context=args.context, gpu_memory_gib=args.gpu_memory_gib)
+    return make_plan(profile, model, model_name=name, context=args.context, gpu_memory_gib=args.gpu_memory_gib)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
     print(format_plan(plan))
     print(format_flags(plan))
     return 0
