@@ -11,7 +11,10 @@ For each B this times, replayed from a CUDA graph (how SGLang runs decode; eager
   ``num_global_experts=256``);
 - bf16: torch ``_grouped_mm`` with bf16 weights on the same local slots, pairs already sorted;
 - floor: the NVFP4 bytes of the experts the step touches, over the device copy bandwidth measured in
-  the same run.
+  the same run;
+- with ``peers=("marlin",)``: vLLM's Marlin MoE (``sglang_glm5.peers``) on the same weights (w13 tied to one
+  global scale per expert for both, as Marlin needs) and the same routings, timed the same way.
+  ``check_marlin`` first compares Marlin and the op with the float64 reference.
 
 Each timed graph runs ``ROUTINGS`` different routings (fresh logits) over ``COPIES`` copies of the
 layer in turn, so that the weights a step touches are not already in L2 from the step before (in a
@@ -45,6 +48,8 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCHES = (2048, 8192)
 GRAPH_MAX_B = 256
 ROUNDS = 7  # eager sizes: the op and bf16 timed in turn this many times (medians reported)
+GRAPH_ROUNDS = 3  # graph sizes with a peer: the captured graphs replayed in turn this many times (medians reported)
+PEERS = ("marlin",)
 
 
 @dataclass(frozen=True)
@@ -153,20 +158,28 @@ class Row:
     rel_err_vs_bf16: float
     rounds: int = 1  # timings of each, in turn with the other (eager sizes); the ms are their medians
     bf16_over_ours_rounds: list[float] = field(default_factory=list)  # per round, where rounds > 1
+    ms_marlin: float | None = None  # vLLM's Marlin MoE (peers), same weights and routings
+    ours_over_marlin_rounds: list[float] = field(default_factory=list)  # per round, where rounds > 1
 
 
-def _time(fn, graph: bool, calls: int) -> float:
-    """Median ms per call of ``fn`` (which makes ``calls`` calls), from a CUDA graph replay or eagerly."""
+def _timer(fn, graph: bool, calls: int) -> Callable[[], float]:
+    """A function giving the median ms per call of ``fn`` (which makes ``calls`` calls) each time it is called: one
+    CUDA graph of ``fn``, captured here, replayed; or ``fn`` run eagerly."""
     import triton.testing
 
     if not graph:
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / calls
+        return lambda: triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") / calls
     fn()  # compile and allocate outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median") / calls
+    return lambda: triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median") / calls
+
+
+def _time(fn, graph: bool, calls: int) -> float:
+    """Median ms per call of ``fn`` (which makes ``calls`` calls), from a CUDA graph replay or eagerly."""
+    return _timer(fn, graph, calls)()
 
 
 def time_in_turn(fns: dict[str, Callable[[], object]], rounds: int, timer: Callable) -> dict[str, list[float]]:
@@ -191,16 +204,26 @@ def run(
     baselines: bool = True,
     op_kwargs=None,
     rounds: int = ROUNDS,
+    peers: tuple[str, ...] = (),
 ) -> list[Row]:
     from sglang_glm5.moe import fused_moe
     from sglang_glm5.testing import random_layer
 
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise ValueError(f"peers must be among {PEERS}, got {sorted(unknown)}")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     bw = copy_bandwidth()
     layers = [random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda") for _ in range(copies)]
+    marlin_layers = []
+    if "marlin" in peers:
+        from sglang_glm5 import peers as peer_ops
+
+        layers = [peer_ops.tie_gate_up(layer) for layer in layers]
+        marlin_layers = [peer_ops.convert(layer) for layer in layers]
     bundles = [layer.served() for layer in layers]  # as the SGLang plugin keeps them
     if baselines:  # contiguous in the transposed layout
         w13_t, w2_t = (w.contiguous() for w in dequantize_bf16(layers[0], layout.num_experts, layout.inter))
@@ -219,12 +242,15 @@ def run(
             for i, (x, weights, ids) in enumerate(inputs):
                 fused_moe(x, bundles[i % copies], weights, ids, **kwargs)
 
-        in_turn = baselines and not graph and rounds > 1
-        ms_ours = None if in_turn else _time(ours, graph, n)
+        def marlin(inputs=inputs):
+            for i, (x, weights, ids) in enumerate(inputs):
+                peer_ops.marlin_moe(x, marlin_layers[i % copies], weights, ids, GLOBAL_EXPERTS)
+
         touched = [int(torch.unique(ids[ids >= 0]).numel()) for _, _, ids in inputs]
         slots = [int((ids >= 0).sum()) for _, _, ids in inputs]
         floor = sum(touched) / n * layout.expert_bytes / bw * 1e3
-        ms_bf16, err, per_round = None, float("nan"), []
+        ms_bf16, err, per_round, ours_over_marlin = None, float("nan"), [], []
+        fns = {"ours": ours}
         if baselines:
             sorted_inputs = [(*sorted_slots(x, ids, layout.num_experts), weights) for x, weights, ids in inputs]
 
@@ -232,12 +258,23 @@ def run(
                 for xs, offs, _, _ in sorted_inputs:
                     grouped_mm_moe(xs, w13_t, w2_t, offs, layout.inter)
 
-            if in_turn:
-                times = time_in_turn({"ours": ours, "bf16": bf16}, rounds, lambda fn, n=n: _time(fn, False, n))
-                ms_ours, ms_bf16 = (statistics.median(times[k]) for k in ("ours", "bf16"))
-                per_round = [b / o for o, b in zip(times["ours"], times["bf16"], strict=True)]
-            else:
-                ms_bf16 = _time(bf16, graph, n)
+            fns["bf16"] = bf16
+        if marlin_layers:
+            fns["marlin"] = marlin
+        # Eager sizes: every function timed in turn `rounds` times; graph sizes: each graph captured once and
+        # replayed in turn GRAPH_ROUNDS times where a peer is timed (the op against it), else once.
+        in_turn = len(fns) > 1 and (rounds > 1 if not graph else bool(marlin_layers))
+        turns = (rounds if not graph else GRAPH_ROUNDS) if in_turn else 1
+        timers = {name: _timer(fn, graph, n) for name, fn in fns.items()}
+        times = time_in_turn(timers, turns, lambda timer: timer())
+        ms_ours = statistics.median(times["ours"])
+        ms_bf16 = statistics.median(times["bf16"]) if baselines else None
+        ms_marlin = statistics.median(times["marlin"]) if marlin_layers else None
+        if turns > 1 and baselines:
+            per_round = [b / o for o, b in zip(times["ours"], times["bf16"], strict=True)]
+        if turns > 1 and marlin_layers:
+            ours_over_marlin = [o / m for o, m in zip(times["ours"], times["marlin"], strict=True)]
+        if baselines:
             # The op on layer copy 0 against the bf16 path on the same weights.
             x, weights, ids = inputs[0]
             xs, offs, order, _ = sorted_inputs[0]
@@ -246,7 +283,7 @@ def run(
             err = (
                 ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item() if ref.norm() > 0 else float(got.abs().max())
             )
-        timings = (ms_ours, ms_bf16, floor, graph, err, rounds if in_turn else 1, per_round)
+        timings = (ms_ours, ms_bf16, floor, graph, err, turns, per_round, ms_marlin, ours_over_marlin)
         rows.append(Row(layout.name, skew, batch, sum(slots) / n, sum(touched) / n, *timings))
         print(fmt(rows[-1]), flush=True)
     return rows
@@ -256,31 +293,91 @@ HEADER = (
     "| layout | skew | B | local slots | active experts | ours ms | bf16 _grouped_mm ms | floor ms | floor / ours "
     "| bf16 / ours | rel err vs bf16 | timed |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+HEADER_MARLIN = (  # rows with the Marlin peer
+    "| layout | skew | B | local slots | active experts | ours ms | bf16 _grouped_mm ms | floor ms | floor / ours "
+    "| bf16 / ours | rel err vs bf16 | Marlin ms | ours / Marlin | timed |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _spread(values: list[float]) -> str:
+    return f" ({min(values):.2f}-{max(values):.2f})" if values else ""
 
 
 def fmt(r: Row) -> str:
     bf16 = "-" if r.ms_bf16 is None else f"{r.ms_bf16:.4f}"
-    ratio = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_ours:.2f}x"
-    if r.bf16_over_ours_rounds:
-        ratio += f" ({min(r.bf16_over_ours_rounds):.2f}-{max(r.bf16_over_ours_rounds):.2f})"
-    timed = "graph" if r.graph else "eager" if r.rounds == 1 else f"eager, {r.rounds} rounds in turn"
+    ratio = "-" if r.ms_bf16 is None else f"{r.ms_bf16 / r.ms_ours:.2f}x" + _spread(r.bf16_over_ours_rounds)
+    kind = "graph" if r.graph else "eager"
+    timed = kind if r.rounds == 1 else f"{kind}, {r.rounds} rounds in turn"
+    marlin = ""
+    if r.ms_marlin is not None:
+        marlin = f"| {r.ms_marlin:.4f} | {r.ms_ours / r.ms_marlin:.2f}{_spread(r.ours_over_marlin_rounds)} "
     return (
         f"| {r.layout} | {r.skew:g} | {r.batch} | {r.local_slots:.1f} | {r.active_experts:.1f} | {r.ms_ours:.4f} "
         f"| {bf16} | {r.ms_floor:.4f} | {r.ms_floor / r.ms_ours:.0%} | {ratio} | {r.rel_err_vs_bf16:.1e} "
-        f"| {timed} |"
+        f"{marlin}| {timed} |"
     )
 
 
-def write_results(out_dir: Path, name: str, rows: list[Row], environment: dict[str, str]) -> Path:
-    """NAME.json (rows and environment) and NAME.md (the table) under out_dir; returns the .md path."""
+def write_results(
+    out_dir: Path, name: str, rows: list[Row], environment: dict[str, str], numerics: list[dict] | None = None
+) -> Path:
+    """NAME.json (rows, environment, numerics) and NAME.md (the tables) under out_dir; returns the .md path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment, "rows": [asdict(r) for r in rows]}
+    payload = {"environment": environment, "rows": [asdict(r) for r in rows], "numerics": numerics or []}
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
     lines = [f"# {name}: decode at real routing", "", *(f"- {k}: `{v}`" for k, v in environment.items()), ""]
-    lines += [HEADER, *(fmt(r) for r in rows), ""]
+    if numerics:
+        lines += ["Against the float64 reference (``check_marlin``):", "", NUMERICS_HEADER,
+                  *(fmt_numerics(c) for c in numerics), ""]  # fmt: skip
+    header = HEADER_MARLIN if any(r.ms_marlin is not None for r in rows) else HEADER
+    lines += [header, *(fmt(r) for r in rows), ""]
     md = out_dir / f"{name}.md"
     md.write_text("\n".join(lines))
     return md
+
+
+NUMERICS_HEADER = "| layout | tokens | local slots | ours rel err | Marlin rel err |\n|---|---|---|---|---|"
+MARLIN_REL_ERR = 4e-2  # vLLM's own Marlin test tolerance
+OURS_REL_ERR = 1e-2  # selfcheck's
+
+
+def fmt_numerics(c: dict) -> str:
+    return (
+        f"| {c['layout']} | {c['tokens']} | {c['local_slots']} | {c['ours_rel_err']:.2e} | {c['marlin_rel_err']:.2e} |"
+    )
+
+
+def check_marlin(layout: Layout, tokens=(1, 37, 256), seed: int = 1) -> list[dict]:
+    """Marlin's and the op's outputs against the float64 reference on one layer (w13 tied, ``peers.tie_gate_up``)
+    at real routing (-1 for other ranks' experts): one dict per token count, with ``ok`` (Marlin within
+    MARLIN_REL_ERR, the op within OURS_REL_ERR, both finite)."""
+    from sglang_glm5 import peers
+    from sglang_glm5.moe import fused_moe
+    from sglang_glm5.reference import nvfp4_fused_moe_reference
+    from sglang_glm5.testing import random_layer
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    layer = peers.tie_gate_up(random_layer(layout.num_experts, layout.hidden, layout.inter, gen, "cuda"))
+    bundle, marlin_layer = layer.served(), peers.convert(layer)
+    cases = []
+    for t in tokens:
+        weights, ids = real_routing(t, layout, gen)
+        x = torch.randn(t, layout.hidden, generator=gen, device="cuda").bfloat16()
+        ref = nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)
+        outs = {
+            "ours": fused_moe(x, bundle, weights, ids, check_ids=False, num_global_experts=GLOBAL_EXPERTS),
+            "marlin": peers.marlin_moe(x, marlin_layer, weights, ids, GLOBAL_EXPERTS),
+        }
+        scale = ref.norm().clamp_min(1e-30)
+        errs = {k: ((o.double() - ref).norm() / scale).item() for k, o in outs.items()}
+        finite = all(bool(torch.isfinite(o).all()) for o in outs.values())
+        ok = finite and errs["ours"] < OURS_REL_ERR and errs["marlin"] < MARLIN_REL_ERR
+        cases.append({"layout": layout.name, "tokens": t, "local_slots": int((ids >= 0).sum()),
+                      "ours_rel_err": errs["ours"], "marlin_rel_err": errs["marlin"], "ok": ok})  # fmt: skip
+        print(fmt_numerics(cases[-1]) + ("" if ok else " FAIL"), flush=True)
+    return cases
 
 
 def main(argv: list[str] | None = None) -> int:

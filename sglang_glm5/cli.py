@@ -28,7 +28,6 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "sglang_glm5.loadtest.cli",
     "sglang_glm5.doctor",
     "sglang_glm5.plan",
-    "sglang_glm5.predict_report",  # the step model's options on `plan`: after it
     "sglang_glm5.router",
     "sglang_glm5.serve",
     "sglang_glm5.stock_configs",
@@ -122,14 +121,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if unknown:
             print(f"bench: --routing real knows {', '.join(bench_real.SHAPE_LAYOUTS)}, got {unknown}", file=sys.stderr)
             return 2
-        rows = []
+        rows, numerics = [], []
+        if args.peers:
+            from sglang_glm5 import peers
+
+            peers.load_marlin(args.marlin_lib)
+            print(f"bench: Marlin ({args.marlin_lib}) and ours against the float64 reference")
+            print(bench_real.NUMERICS_HEADER)
+            for name in args.shape:
+                numerics += bench_real.check_marlin(bench_real.LAYOUTS[bench_real.SHAPE_LAYOUTS[name]], seed=seed)
+        header = bench_real.HEADER_MARLIN if args.peers else bench_real.HEADER
         for name in args.shape:
             for skew in args.skew:
-                print(f"bench: {name}, real routing, skew {skew}, seed {seed}\n{bench_real.HEADER}", flush=True)
+                print(f"bench: {name}, real routing, skew {skew}, seed {seed}\n{header}", flush=True)
                 layout = bench_real.LAYOUTS[bench_real.SHAPE_LAYOUTS[name]]
                 rows += bench_real.run(layout, args.batch, seed, skew=skew, baselines=not args.no_baselines,
-                                       op_kwargs=path_kwargs, rounds=args.rounds)  # fmt: skip
-        md = bench_real.write_results(Path(args.out), args.name, rows, bench.environment())
+                                       op_kwargs=path_kwargs, rounds=args.rounds, peers=tuple(args.peers))  # fmt: skip
+        md = bench_real.write_results(Path(args.out), args.name, rows, bench.environment(), numerics)
+        if not all(c["ok"] for c in numerics):
+            print("bench: Marlin or ours missed its bound against the float64 reference (table above)", file=sys.stderr)
+            return 1
         print(f"bench: wrote {md} and {md.with_suffix('.json')}")
         return 0
     shapes = [parse_shape(s) for s in args.shape]
@@ -192,7 +203,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"--splits-only times K split plans of {variant.title} on the target's own GPU (--target local)"
             if variant.step_split_targets else f"--splits-only: {variant.title} has no K split plans"
         )  # fmt: skip
-    check_cache_dir()  # before minutes of compiles and timings: the compiles are memoized there
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
     check_writable(out, "--out" if args.out else env.CACHE_DIR.name)
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
@@ -201,32 +211,46 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     buckets = list(args.batch_sizes or variant.tune_buckets)
     total = tuner.TuneReport()
     rc = 0
-    picked: dict = {}
     for shape in [parse_shape(s) for s in args.shape]:
         bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
         entries, report = tuner.tune(
             target, shape, buckets, bench, variant=variant, progress=tuner.print_progress, survey=not args.no_survey,
             tiles=autotune.tiles_in_use(target, shape, variant.name) if args.splits_only else None,
+    check_cache_dir()  # before minutes of compiles and timings: the compiles are memoized there
         )  # fmt: skip
         autotune.store(out, target, entries)
-        picked.update(entries)
         total.add(report)
         print(f"\ntune: {shape}: {len(entries)} {variant.title} entries -> {out}")
         if variant.after_tune:
             rc = max(rc, variants.resolve(variant.after_tune)(target, shape, entries, buckets, seed, out, measure))
     for line in total.space_lines(target, f"{variant.title} "):
         print(f"tune: {line}")
+    picked: dict = {}
     if measure:
         print(f"tune: {total.summary()}")
-        print("tune: next: `sglang-glm5 doctor` checks every tile this GPU's op may launch, then serve (README)")
-    else:
-        print(f"tune: {shipped_comparison(target, picked)}")
     from sglang_glm5.w4a4_select import clear_memo
 
     clear_memo()  # the op in this process reads the new entries and thresholds
     return rc
 
+        picked.update(entries)
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+        print("tune: next: `sglang-glm5 doctor` checks every tile this GPU's op may launch, then serve (README)")
+    else:
+        print(f"tune: {shipped_comparison(target, picked)}")
+    p = sub.add_parser(
+        "selfcheck",
+        help="run the NVFP4 MoE op on a GLM-5-shaped layer and check it against the float64 reference",
+        description="Runs sglang_glm5.moe.nvfp4_fused_moe on random NVFP4 weights and routings and compares it "
+        "with the float64 torch reference. On a GPU the default shape is one GLM-5 layer under 8-way expert "
+        "parallelism (glm5-ep8); without a GPU the kernels run through the Triton interpreter on glm5-mini.",
 class _Parser(argparse.ArgumentParser):
     """An option a command does not know is refused by that command's parser, with its usage (argparse leaves
     it to the top-level parser, whose usage names no option of the command)."""
@@ -285,27 +309,14 @@ def shipped_comparison(target, picked: dict) -> str:
             f"{len(ours) - len(theirs)} of them new); the op now reads them; {measure}")  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
-    )
-    parser.top_level = True
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    importlib.import_module("sglang_glm5.quickstart").add_cli(sub)  # the first command, first in the list
-
-    p = sub.add_parser(
-        "selfcheck",
-        help="run the NVFP4 MoE op on a GLM-5-shaped layer and check it against the float64 reference",
-        description="Runs sglang_glm5.moe.nvfp4_fused_moe on random NVFP4 weights and routings and compares it "
-        "with the float64 torch reference. On a GPU the default shape is one GLM-5 layer under 8-way expert "
-        "parallelism (glm5-ep8); without a GPU the kernels run through the Triton interpreter on glm5-mini.",
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda when present")
     p.add_argument("--shape", default=None, help="glm5-ep8, glm5-tp8, glm5-mini or E,H,I (default: by device)")
     p.add_argument(
+    parser.top_level = True
         "--tokens", type=int_list, default=None,
         help="token counts, comma separated (default 1,7,64; with --path w4a4: 7,256,2048)",
+    importlib.import_module("sglang_glm5.quickstart").add_cli(sub)  # the first command, first in the list
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument(
@@ -340,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="moe_bench", help="file name stem (moe_bench)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--no-baselines", action="store_true", help="time only our op")
+    p.add_argument("--peers", nargs="*", choices=("marlin",), default=[],
+                   help="real routing: also time these peers on the same weights and routings (marlin: vLLM's "
+                   "Marlin MoE, bench/peers/build_marlin.py), checked against the float64 reference")  # fmt: skip
+    p.add_argument("--marlin-lib", default=".peers/build/glm5_marlin_peer.so",
+                   help="the Marlin peer's library (default .peers/build/glm5_marlin_peer.so)")  # fmt: skip
     p.add_argument(
         "--path", choices=("auto", "w4a16", "dense"), default="auto",
         help="the op's path= (default auto; w4a16 or dense pin one family). The layers here have no checkpoint "
@@ -479,6 +495,16 @@ def int_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"sglang-glm5 {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
     """The console script. Output piped into a reader that stops early (``| head -1``) ends the command quietly."""
     try:
         try:
@@ -491,13 +517,3 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as e:
-        print(f"sglang-glm5 {args.command}: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
