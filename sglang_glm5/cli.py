@@ -28,6 +28,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "sglang_glm5.loadtest.cli",
     "sglang_glm5.doctor",
     "sglang_glm5.plan",
+    "sglang_glm5.predict_report",  # the step model's options on `plan`: after it
     "sglang_glm5.router",
     "sglang_glm5.serve",
     "sglang_glm5.stock_configs",
@@ -203,6 +204,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"--splits-only times K split plans of {variant.title} on the target's own GPU (--target local)"
             if variant.step_split_targets else f"--splits-only: {variant.title} has no K split plans"
         )  # fmt: skip
+    check_cache_dir()  # before minutes of compiles and timings: the compiles are memoized there
     out = Path(args.out) if args.out else autotune.user_cache_path(target)
     check_writable(out, "--out" if args.out else env.CACHE_DIR.name)
     mode = "measuring on this GPU" if measure else "offline (no GPU of this kind here): feasible picks, not measured"
@@ -211,46 +213,32 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     buckets = list(args.batch_sizes or variant.tune_buckets)
     total = tuner.TuneReport()
     rc = 0
+    picked: dict = {}
     for shape in [parse_shape(s) for s in args.shape]:
         bench = variants.resolve(variant.kernel_bencher)(shape, seed) if measure else None
         entries, report = tuner.tune(
             target, shape, buckets, bench, variant=variant, progress=tuner.print_progress, survey=not args.no_survey,
             tiles=autotune.tiles_in_use(target, shape, variant.name) if args.splits_only else None,
-    check_cache_dir()  # before minutes of compiles and timings: the compiles are memoized there
         )  # fmt: skip
         autotune.store(out, target, entries)
+        picked.update(entries)
         total.add(report)
         print(f"\ntune: {shape}: {len(entries)} {variant.title} entries -> {out}")
         if variant.after_tune:
             rc = max(rc, variants.resolve(variant.after_tune)(target, shape, entries, buckets, seed, out, measure))
     for line in total.space_lines(target, f"{variant.title} "):
         print(f"tune: {line}")
-    picked: dict = {}
     if measure:
         print(f"tune: {total.summary()}")
+        print("tune: next: `sglang-glm5 doctor` checks every tile this GPU's op may launch, then serve (README)")
+    else:
+        print(f"tune: {shipped_comparison(target, picked)}")
     from sglang_glm5.w4a4_select import clear_memo
 
     clear_memo()  # the op in this process reads the new entries and thresholds
     return rc
 
-        picked.update(entries)
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-        print("tune: next: `sglang-glm5 doctor` checks every tile this GPU's op may launch, then serve (README)")
-    else:
-        print(f"tune: {shipped_comparison(target, picked)}")
-    p = sub.add_parser(
-        "selfcheck",
-        help="run the NVFP4 MoE op on a GLM-5-shaped layer and check it against the float64 reference",
-        description="Runs sglang_glm5.moe.nvfp4_fused_moe on random NVFP4 weights and routings and compares it "
-        "with the float64 torch reference. On a GPU the default shape is one GLM-5 layer under 8-way expert "
-        "parallelism (glm5-ep8); without a GPU the kernels run through the Triton interpreter on glm5-mini.",
 class _Parser(argparse.ArgumentParser):
     """An option a command does not know is refused by that command's parser, with its usage (argparse leaves
     it to the top-level parser, whose usage names no option of the command)."""
@@ -309,14 +297,27 @@ def shipped_comparison(target, picked: dict) -> str:
             f"{len(ours) - len(theirs)} of them new); the op now reads them; {measure}")  # fmt: skip
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
+    )
+    parser.top_level = True
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    importlib.import_module("sglang_glm5.quickstart").add_cli(sub)  # the first command, first in the list
+
+    p = sub.add_parser(
+        "selfcheck",
+        help="run the NVFP4 MoE op on a GLM-5-shaped layer and check it against the float64 reference",
+        description="Runs sglang_glm5.moe.nvfp4_fused_moe on random NVFP4 weights and routings and compares it "
+        "with the float64 torch reference. On a GPU the default shape is one GLM-5 layer under 8-way expert "
+        "parallelism (glm5-ep8); without a GPU the kernels run through the Triton interpreter on glm5-mini.",
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda when present")
     p.add_argument("--shape", default=None, help="glm5-ep8, glm5-tp8, glm5-mini or E,H,I (default: by device)")
     p.add_argument(
-    parser.top_level = True
         "--tokens", type=int_list, default=None,
         help="token counts, comma separated (default 1,7,64; with --path w4a4: 7,256,2048)",
-    importlib.import_module("sglang_glm5.quickstart").add_cli(sub)  # the first command, first in the list
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument(
@@ -495,16 +496,6 @@ def int_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as e:
-        print(f"sglang-glm5 {args.command}: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
     """The console script. Output piped into a reader that stops early (``| head -1``) ends the command quietly."""
     try:
         try:
@@ -517,3 +508,13 @@ if __name__ == "__main__":
 
 
 def _run(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"sglang-glm5 {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
