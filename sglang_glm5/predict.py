@@ -50,19 +50,19 @@ CONSTANTS: dict[str, Constant] = {
         "x",
         f"H200 device copy 4.23 TB/s (read + write; {REC}, "
         "bench/h200/runs/run49_bench_real_h200_seed43.json floors) over its 4.8 TB/s datasheet; "
-        "the H100's 3.00 TB/s / 3.35 is 0.90 (run 51)",
+        "the H100's 3.00 TB/s / 3.35 is 0.90 (bench/h200/runs/run51_bench_real_h100_seed43.json)",
     ),
     "h200_copy": _c(4.23e12, "B/s", f"{REC}: the same run's copy bandwidth (EP8 4.247, TP8 4.218 TB/s)"),
     "moe_fixed": _c(
         8.2e-6,
         "s",
-        f"{REC}, bench/README.md run 41 read_floor: one expert's bytes read in the op's four "
+        f"{REC}, bench/h200/runs/run41_read_floor.json: one expert's bytes read in the op's four "
         "launches 13.22 us against its 5.03 us floor",
     ),
     "moe_byte_eff": _c(
         0.93,
         "x copy",
-        f"{REC}, bench/README.md run 41 chain_fit: an added expert decoded at 93% of "
+        f"{REC}, bench/h200/runs/run41_chain_fit.json: an added expert decoded at 93% of "
         "the copy bandwidth (EP8 T = 8, 16)",
     ),
     "dense_eff": _c(
@@ -413,8 +413,8 @@ def _draft_time(plan: Plan, gpu: GpuTarget, opt: Options, c: int) -> float:
         parts.pop("dense layers")
         tokens = c * q
         touched = touched_max(tokens, local, m.experts, m.top_k, lay.ep)
-        experts = value("moe_fixed") + _dense(gpu, touched * 3 * m.hidden * inter, tokens * m.top_k / lay.tp,
-                                                gpu.dense_bf16_flops)  # fmt: skip
+        rows = tokens * m.top_k * local / m.experts / max(touched, 1e-9)  # tokens a touched expert runs
+        experts = value("moe_fixed") + _dense(gpu, touched * 3 * m.hidden * inter, rows, gpu.dense_bf16_flops)
         eh_proj = _dense(gpu, 2 * m.hidden * m.hidden, tokens, gpu.dense_bf16_flops)
         coll = 2 * value("nccl_latency", dict(opt.fitted))  # embedding and logits (the layer's: ``collectives``)
         total += passes * (sum(parts.values()) + lay.draft_layers * experts + eh_proj + coll)

@@ -201,11 +201,11 @@ def options_for(plan: Plan, gpu: str | None = None, context: int | None = None, 
                    accept=value("mtp_accept") if accept is None else accept)  # fmt: skip
 
 
-def prediction_lines(plan: Plan, opt: Options) -> str:
+def prediction_lines(plan: Plan, opt: Options, concurrency: tuple[int, ...] = CONCURRENCY) -> str:
     if plan.profile.nnodes > 1:
         return (f"  predicted decode step: none for {plan.profile.name} ({plan.profile.nnodes} nodes): the step "
                 "model's collectives are one host's PCIe NCCL")  # fmt: skip
-    return format_prediction(plan, opt) + "\n" + format_levers(plan, opt)
+    return format_prediction(plan, opt, concurrency) + "\n" + format_levers(plan, opt)
 
 
 def dry_run_lines(plan: Plan) -> str:
@@ -229,6 +229,8 @@ def _fraction(text: str) -> float:
 
 def add_cli(subparsers) -> None:
     """The step model's options on ``plan`` (registered after it: ``cli._COMMAND_MODULES``)."""
+    from sglang_glm5.cli import int_list
+
     p = subparsers.choices.get("plan")
     if p is None:
         raise ValueError("predict_report.add_cli: the 'plan' command must be registered before it")
@@ -236,6 +238,12 @@ def add_cli(subparsers) -> None:
     g.add_argument("--predict", action="store_true",
                    help="the predicted decode step by part at concurrency 1-64, tok/s per user and in total, and what "
                    "moves it (with --context: the request's context; default 1,280 tokens)")  # fmt: skip
+    g.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=list(CONCURRENCY),
+        help="with --predict: running requests to predict (default 1,4,8,16,32,64)",
+    )
     g.add_argument("--gpu", choices=GPUS, default=None, help="the GPU of the prediction (default: the profile's)")
     g.add_argument(
         "--mtp-accept",
@@ -295,5 +303,5 @@ def run(args: argparse.Namespace, plan_run) -> int:
 
         plan = plan_from_args(args)
         opt = options_for(plan, args.gpu, args.context, args.mtp_accept, args.moe_kernel)
-        print(prediction_lines(plan, opt))
+        print(prediction_lines(plan, opt, tuple(args.concurrency)))
     return rc
