@@ -29,7 +29,6 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "sglang_glm5.doctor",
     "sglang_glm5.plan",
     "sglang_glm5.predict_report",  # the step model's options on `plan`: after it
-    "sglang_glm5.predict_report",  # the step model's options on `plan`: after it
     "sglang_glm5.router",
     "sglang_glm5.serve",
     "sglang_glm5.stock_configs",

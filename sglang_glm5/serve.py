@@ -36,7 +36,6 @@ from sglang_glm5._proc import python_command
 from sglang_glm5.patches import guard
 from sglang_glm5.plan import PlanError, format_plan, load_model_config, make_plan
 from sglang_glm5.predict_report import dry_run_lines
-from sglang_glm5.predict_report import dry_run_lines
 from sglang_glm5.profiles import DEFAULT_PROFILE, Flag, Profile, load_profile
 
 API_KEY_ENV = switches.API_KEY.name
@@ -352,8 +351,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan), file=sys.stderr)
     for note in launch.notes:
         print(f"serve: note: {note}", file=sys.stderr)
-    if args.dry_run:
-        print(dry_run_lines(plan), file=sys.stderr)
     if args.dry_run:
         print(dry_run_lines(plan), file=sys.stderr)
     print(shown_command(launch), flush=True)
