@@ -131,8 +131,9 @@ MOE_LAYOUTS = {"ep8": (32, 2048), "tp8": (256, 256)}  # local experts, intermedi
 
 
 def compare_moe(payload: object, gpu: GpuTarget, max_batch: int = 256) -> tuple[list[MoeRow], int]:
-    """Predicted against measured per row of a ``sglang-glm5 bench`` JSON (uniform real routing, B <= max_batch);
-    and how many rows were left out (skewed routing, larger B, unknown layouts or fields)."""
+    """Predicted against measured per row of a ``sglang-glm5 bench`` JSON (uniform real routing, B <= max_batch), at
+    the experts the row's routings touched (the expectation where the row lacks them); and how many rows were left
+    out (skewed routing, larger B, unknown layouts or fields)."""
     rows = payload.get("rows") if isinstance(payload, dict) else payload
     if not isinstance(rows, list):
         raise ValueError("bench JSON: expected {'rows': [...]} or a list of rows (sglang-glm5 bench --routing real)")
@@ -150,9 +151,14 @@ def compare_moe(payload: object, gpu: GpuTarget, max_batch: int = 256) -> tuple[
             continue
         local, inter = MOE_LAYOUTS[layout]
         touched = touched_mean(batch, local, 256, 8)
-        t = ours_layer_time(gpu, layout, batch, touched, 3 * 6144 * inter * NVFP4_BYTES, batch * 8 * local / 256)
         measured = r.get("active_experts")
-        out.append(MoeRow(layout, batch, touched, measured if isinstance(measured, (int, float)) else None,
+        measured = float(measured) if isinstance(measured, (int, float)) and measured > 0 else None
+        # The row's own routings touched ``measured`` experts: the kernel model is judged on those, not on the
+        # expectation's sampling error (16 routings a row).
+        t = ours_layer_time(
+            gpu, layout, batch, measured or touched, 3 * 6144 * inter * NVFP4_BYTES, batch * 8 * local / 256
+        )
+        out.append(MoeRow(layout, batch, touched, measured,
                           t * 1e3, float(ms)))  # fmt: skip
     return out, skipped
 
