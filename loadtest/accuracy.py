@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sglang_glm5._files import read_json
 from sglang_glm5.loadtest import accuracy_stats as st
 from sglang_glm5.loadtest import corpus
 from sglang_glm5.loadtest.accuracy_report import (
@@ -58,6 +59,7 @@ from sglang_glm5.loadtest.accuracy_report import (
     read_logprobs,
     summary_lines,
 )
+from sglang_glm5.loadtest.metrics import RUN_FILE
 from sglang_glm5.loadtest.runner import (
     API_KEY_ENV,
     ServerDown,
@@ -68,6 +70,7 @@ from sglang_glm5.loadtest.runner import (
 )
 
 DEFAULT_TOP_K = 20
+DEFAULT_BASELINE_TAG = "baseline"
 RETRY_BACKOFF_S = 0.5  # first retry after this, then doubling, at most 4 s
 
 
@@ -449,6 +452,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--no-kl and --no-tasks together leave nothing to measure")
     if args.baseline_host and args.reference:
         raise ValueError("--baseline-host and --reference both name the reference; give one")
+    if args.baseline_host and args.baseline_tag is None:
+        args.baseline_host = server_url("--baseline-host", args.baseline_host)
+        args.baseline_tag = baseline_tag(Path(args.out), args.baseline_host, args.tag)
     if args.baseline_host and args.baseline_tag == args.tag:
         raise ValueError(f"--baseline-tag and --tag are both {args.tag!r}; the two servers need two folders")
     if min(args.concurrency, args.top_logprobs, args.max_tokens, args.passages, args.problems) < 1 or args.retries < 0:
@@ -471,6 +477,27 @@ def run(args: argparse.Namespace) -> int:
     return max(status, measure(args, Side(args.host, args.tag), reference))
 
 
+def baseline_tag(out: Path, baseline_host: str, tag: str) -> str:
+    """``--baseline-tag`` when not given: the results folder under ``out`` (other than ``tag``) whose throughput run
+    (``loadtest run``, its run.json) loaded ``baseline_host``, so that `loadtest compare` finds both parts of the
+    baseline in one folder; DEFAULT_BASELINE_TAG when there is none. ValueError when several did."""
+    found = []
+    for run_file in sorted(out.glob(f"*/{RUN_FILE}")):
+        try:
+            host = str(read_json(run_file).get("host", "")).rstrip("/")
+        except (OSError, ValueError):
+            continue
+        if host == baseline_host and run_file.parent.name != tag:
+            found.append(run_file.parent.name)
+    if len(found) > 1:
+        raise ValueError(f"--baseline-host {baseline_host}: the throughput runs {', '.join(found)} under {out} all "
+                         "loaded it; name the baseline's folder with --baseline-tag")  # fmt: skip
+    chosen = found[0] if found else DEFAULT_BASELINE_TAG
+    why = f"the throughput run in {out / chosen} loaded {baseline_host}" if found else "no throughput run loaded it"
+    print(f"accuracy: --baseline-tag {chosen} ({why})")
+    return chosen
+
+
 def add_cli(sub: argparse._SubParsersAction, cmd: Callable[[argparse.Namespace], int]) -> None:
     a = sub.add_parser(
         "accuracy",
@@ -488,7 +515,11 @@ def add_cli(sub: argparse._SubParsersAction, cmd: Callable[[argparse.Namespace],
         "--reference", default=None, help="a results folder (or its logprobs.jsonl.gz) to compare with, e.g. OUT/bf16"
     )
     a.add_argument("--baseline-host", default=None, help="a second server, measured first as --baseline-tag")
-    a.add_argument("--baseline-tag", default="baseline", help="results folder of --baseline-host (baseline)")
+    a.add_argument(
+        "--baseline-tag", default=None,
+        help="results folder of --baseline-host (default: the folder under --out whose `loadtest run` loaded that "
+        f"server, else {DEFAULT_BASELINE_TAG})",
+    )  # fmt: skip
     a.add_argument("--corpus", default=None, help="text passages separated by blank lines, or JSONL with 'text'")
     a.add_argument("--passages", type=int, default=corpus.DEFAULT_PASSAGES, help="generated passages (200)")
     a.add_argument("--top-logprobs", type=int, default=DEFAULT_TOP_K, help="top-k logprobs per position (20)")

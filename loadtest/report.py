@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,33 @@ def build(base_dir: Path, patched_dir: Path, slo: metrics.Slo) -> dict[str, Any]
         rows.append({"concurrency": int(c), "baseline": b, "patched": p,
                      **{f"gain_{k}": gain(b[k], p[k]) for k in metrics.THROUGHPUTS}})  # fmt: skip
     acc = accuracy_report.section(base_dir, patched_dir)
+    acc["notes"] += accuracy_gap_commands(acc, (base_dir, mb), (patched_dir, mp))
     return {"baseline": {"dir": str(base_dir), **mb}, "patched": {"dir": str(patched_dir), **mp},
             "slo": slo.as_dict(), "levels": rows, "accuracy": acc}  # fmt: skip
+
+
+def accuracy_gap_commands(acc: dict[str, Any], base: tuple[Path, dict], patched: tuple[Path, dict]) -> list[str]:
+    """The `loadtest accuracy` commands that fill the folders without accuracy results (``acc``: the section
+    ``accuracy_report.section`` made), with the hosts their throughput runs loaded, for the report's notes."""
+    (base_dir, mb), (patched_dir, mp) = base, patched
+    both = acc["baseline"] is not None and acc["patched"] is not None
+    if both or any("not compared" in n for n in acc["notes"]):
+        return []
+
+    def command(folder: Path, meta: dict, *more: str) -> str:
+        return shlex.join(["sglang-glm5", "loadtest", "accuracy", "--host", str(meta.get("host", "URL")),
+                           "--tag", folder.name, "--out", str(folder.parent), *more])  # fmt: skip
+
+    if acc["baseline"] is None and acc["patched"] is None and mb.get("host") != mp.get("host"):
+        both = ["--baseline-host", str(mb.get("host", "URL")), "--baseline-tag", base_dir.name]
+        return ["to fill it, with both servers up: " + command(patched_dir, mp, *both)]
+    notes = []
+    if acc["baseline"] is None:
+        notes.append("to fill it, with the baseline server up: " + command(base_dir, mb))
+    if acc["patched"] is None:
+        reference = ["--reference", str(base_dir)]
+        notes.append("to fill it, with the patched server up: " + command(patched_dir, mp, *reference))
+    return notes
 
 
 def markdown(rep: dict[str, Any]) -> str:
