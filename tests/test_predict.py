@@ -255,3 +255,13 @@ def test_dry_run_lines_name_the_gpu_or_say_none():
     text = Rep.dry_run_lines(plan_of("rtx-pro-6000x8-tp8"))
     assert "a prediction" in text and "rtx-pro-6000" in text
     assert "none" in Rep.dry_run_lines(plan_of("rtx-pro-6000x16-ep16"))
+
+
+def test_docs_name_every_constant():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "predict.md").read_text()
+    missing = [name for name in R.CONSTANTS if f"`{name}`" not in page]
+    assert not missing, f"expected docs/predict.md's constants table to name {missing}"
+    for name, shipped in R.FITTED.items():
+        assert f"{shipped * (1e3 if name == 'step_fixed' else 1e6):.3f}"[:5] in page, name
