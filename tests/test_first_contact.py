@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -461,3 +462,143 @@ def test_selfcheck_on_the_cpu_runs_the_interpreter_by_itself(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "CPU, Triton interpreter" in out.stdout and out.stdout.count(" ok") == 2, out.stdout
     assert "selfcheck: passed" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output piped into a reader that stops early; a misspelt option; --profile.
+
+
+def test_every_command_piped_into_a_reader_that_stops_early_ends_quietly(capsys):
+    """`sglang-glm5 COMMAND | head -1`, made certain: stdout is a pipe whose reader is gone before the command writes
+    (as when head has read its line and exited), so every write fails. One shell runs every command of `--help`."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    commands = re.search(r"\{([a-z,-]+)\}", capsys.readouterr().out).group(1).split(",")
+    assert "quickstart" in commands and "doctor" in commands, commands
+    runs = [["--help"], *([c, "--help"] for c in commands), ["loadtest", "compare", "--help"], ["plan"]]
+    script = "".join(f"echo '== {' '.join(r)}' >&2; {sys.executable} -m sglang_glm5.cli {' '.join(r)}; echo rc=$? >&2\n"
+                     for r in runs)  # fmt: skip
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run(["bash", "-c", script], stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    blocks = out.stderr.split("== ")[1:]
+    assert len(blocks) == len(runs), out.stderr
+    for block in blocks:
+        assert "Traceback" not in block and "BrokenPipeError" not in block and "Exception ignored" not in block, block
+        assert re.search(r"rc=(0|141)\n", block), block
+
+
+@pytest.mark.parametrize(
+    "argv, usage, hint",
+    [
+        (["plan", "--proflie", "h200x8"], "usage: sglang-glm5 plan ", "--proflie (did you mean --profile?)"),
+        (["loadtest", "compare", "a", "b", "--sol-ttft-ms", "5"], "usage: sglang-glm5 loadtest compare ",
+         "--sol-ttft-ms (did you mean --slo-ttft-ms?)"),
+        (["doctor", "--no-gpus"], "usage: sglang-glm5 doctor ", "--no-gpus (did you mean --no-gpu?)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_prints_its_commands_usage(capsys, argv, usage, hint):
+    rc, err = _in_process(capsys, argv)
+    assert rc == 2 and err.startswith(usage) and f"unrecognized arguments: {hint}" in err, err
+
+
+def test_profile_lists_the_shipped_names_and_takes_a_toml_file(capsys, tmp_path):
+    from sglang_glm5.profiles import DEFAULT_PROFILE, profile_names
+
+    for command in (["plan"], ["serve", "--model", "m"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(name in text.replace("- ", "-") for name in profile_names()), text
+        assert "path to a TOML file" in text
+    shipped = (REPO / "configs" / "profiles" / f"{DEFAULT_PROFILE}.toml").read_text()
+    mine = tmp_path / "mine.toml"
+    mine.write_text(shipped)
+    assert main(["plan", "--profile", DEFAULT_PROFILE]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["plan", "--profile", str(mine)]) == 0
+    assert capsys.readouterr().out == by_name.replace(f"under {DEFAULT_PROFILE}:", f"under {mine}:")
+    gpu = random.choice(["rtx-9000", "h300", "RTX PRO 6000"])
+    mine.write_text(re.sub(r'(?m)^gpu = ".*"$', f'gpu = "{gpu}"', shipped))
+    line = _one_line_error(_in_process(capsys, ["plan", "--profile", str(mine)]))
+    assert f"profile {mine}: gpu must be one of rtx-pro-6000" in line and repr(gpu) in line, line
+    line = _one_line_error(_in_process(capsys, ["plan", "--profile", str(tmp_path / "none.toml")]))
+    assert "none.toml: cannot read it" in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# loadtest accuracy: the baseline's tag is its throughput run's; compare names the command that fills a gap.
+
+
+def _run_json(folder: Path, host: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"tag": folder.name, "host": host}))
+    return folder
+
+
+def test_accuracy_files_the_baseline_under_its_throughput_runs_tag(tmp_path, monkeypatch, capsys):
+    from sglang_glm5.cli import build_parser
+    from sglang_glm5.loadtest import accuracy
+
+    ports = random.Random().sample(range(20000, 30000), 3)
+    base, ours, other = (f"http://127.0.0.1:{p}" for p in ports)
+    tag = random.choice(["base", "stock", "fi-cutlass"])
+    _run_json(tmp_path / tag, base)
+    _run_json(tmp_path / "ours", ours)
+    measured = []
+    monkeypatch.setattr(accuracy, "measure", lambda args, side, ref: measured.append((side.tag, ref)) or 0)
+    argv = ["loadtest", "accuracy", "--host", ours, "--tag", "ours", "--out", str(tmp_path), "--baseline-host"]
+    args = build_parser().parse_args([*argv, base + "/"])
+    assert args.func(args) == 0
+    assert measured == [(tag, None), ("ours", str(tmp_path / tag))], measured
+    assert f"--baseline-tag {tag} (the throughput run in {tmp_path / tag} loaded {base})" in capsys.readouterr().out
+    assert accuracy.baseline_tag(tmp_path, other, "ours") == accuracy.DEFAULT_BASELINE_TAG  # no run loaded it
+    _run_json(tmp_path / "again", base)
+    with pytest.raises(ValueError, match=f"the throughput runs again, {tag} under .* all loaded it"):
+        accuracy.baseline_tag(tmp_path, base, "ours")
+
+
+def test_compare_names_the_command_that_fills_a_missing_accuracy_result(tmp_path, capsys):
+    from test_loadtest import _write_folder  # a results folder with known timings (tests/test_loadtest.py)
+
+    ports = random.Random().sample(range(20000, 30000), 2)
+    hosts = [f"http://127.0.0.1:{p}" for p in ports]
+    folders = [_write_folder(tmp_path / name, speed) for name, speed in (("stock", 1.0), ("ours", 1.2))]
+    for folder, host in zip(folders, hosts, strict=True):
+        meta = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**meta, "host": host}))
+    assert main(["loadtest", "compare", *map(str, folders), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    want = (f"sglang-glm5 loadtest accuracy --host {hosts[1]} --tag ours --out {tmp_path} --baseline-host {hosts[0]} "
+            f"--baseline-tag stock")  # fmt: skip
+    assert want in out, out
+    (tmp_path / "stock" / "run.json").write_text(json.dumps({**meta, "tag": "stock", "host": hosts[1]}))  # one port
+    assert main(["loadtest", "compare", *map(str, folders), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert f"with the baseline server up: sglang-glm5 loadtest accuracy --host {hosts[1]} --tag stock" in out, out
+    assert f"--tag ours --out {tmp_path} --reference {folders[0]}" in out, out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The examples against a server that accepts the connection and never answers.
+
+
+@pytest.mark.parametrize("example, module", [("openai_client.py", "openai"), ("requests_client.py", "requests")])
+def test_examples_give_up_on_a_server_that_never_answers(example, module):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    with socket.socket() as listener:  # the kernel completes the handshake; nothing ever reads or answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        timeout = random.Random().choice([0.5, 1.0, 1.5])
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, str(REPO / "examples" / example), "--url", url, "--timeout",
+                              str(timeout)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        elapsed = time.monotonic() - t0
+    line = _one_line_error(out, codes=(1,))
+    assert f"the server at {url} accepted the connection but did not answer in time (--timeout {timeout:g} s" in line
+    assert elapsed < 30, elapsed
