@@ -11,6 +11,7 @@ from pathlib import Path
 from sglang_glm5.hardware import TARGETS, GpuTarget
 from sglang_glm5.plan import Plan
 from sglang_glm5.predict import (
+    ANCHORS,
     CONCURRENCY,
     DEFAULT_CONTEXT,
     FITTED,
@@ -39,7 +40,7 @@ def format_calibration(rows: list[Check], fitted: dict[str, float]) -> str:
         f"  {'configuration':<62s} {'published':>9s} {'predicted':>9s} {'error':>7s}  role",
     ]
     for r in rows:
-        verdict = "fit" if r.role == "fit" else ("within 20%" if r.ok else "OUTSIDE 20%")
+        verdict = r.role if r.role != "prediction" else ("within 20%" if r.ok else "OUTSIDE 20%")
         lines.append(f"  {r.what:<62s} {r.published:9.1f} {r.predicted:9.1f} {r.error:+7.1%}  {verdict}")
     return "\n".join(lines)
 
@@ -211,7 +212,9 @@ def prediction_lines(plan: Plan, opt: Options, concurrency: tuple[int, ...] = CO
     if plan.profile.nnodes > 1:
         return (f"  predicted decode step: none for {plan.profile.name} ({plan.profile.nnodes} nodes): the step "
                 "model's collectives are one host's PCIe NCCL")  # fmt: skip
-    return format_prediction(plan, opt, concurrency) + "\n" + format_levers(plan, opt)
+    anchors = "; ".join(f"{what} {lo:,g}" + (f"-{hi:,g}" if hi != lo else "") for what, (lo, hi) in ANCHORS.items())
+    head = "    published anchors, tok/s in total (TP8, another stack): "
+    return f"{format_prediction(plan, opt, concurrency)}\n{head}{anchors}\n{format_levers(plan, opt)}"
 
 
 def dry_run_lines(plan: Plan) -> str:
