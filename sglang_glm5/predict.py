@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 
 from sglang_glm5.hardware import TARGETS, GpuTarget
-from sglang_glm5.plan import BF16, ModelShape, Plan, collectives, kv_bytes_per_token
+from sglang_glm5.plan import BF16, ModelShape, Plan, collectives, kv_bytes_per_token, load_model_config, make_plan
+from sglang_glm5.profiles import load_profile
 
 REVISION = "step model r1 (sglang-glm5 predict.py)"
 CONCURRENCY = (1, 4, 8, 16, 32, 64)
@@ -245,7 +246,6 @@ def b12x_layer_time(gpu: GpuTarget, touched: float, expert_bytes: float) -> floa
 class Part:
     name: str
     seconds: float
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -389,15 +389,15 @@ def predict(plan: Plan, concurrency: int, opt: Options | None = None) -> Step:
     coll = _collective_time(plan, c, opt, opt.oneshot)
     saving = coll - _collective_time(plan, c, opt, True) if not opt.oneshot else 0.0
     named = [
-        Part("routed MoE layers", moe, f"{opt.moe}, {c * d:g} tokens a layer"),
+        Part("routed MoE layers", moe),
         *(Part(k, v) for k, v in parts.items()),
-        Part("collectives", coll, "one-shot all-reduce" if opt.oneshot else "NCCL"),
-        Part("fixed per step", value("step_fixed", fitted), "fitted"),
+        Part("collectives", coll),
+        Part("fixed per step", value("step_fixed", fitted)),
     ]
     tokens = 1.0
     if lay.draft_layers:
         tokens = 1 + plan.spec_steps * opt.accept
-        named.append(Part("MTP draft", _draft_time(plan, gpu, opt, c), f"{plan.spec_steps} steps + extend"))
+        named.append(Part("MTP draft", _draft_time(plan, gpu, opt, c)))
     return Step(c, tuple(named), tokens, saving)
 
 
@@ -427,9 +427,6 @@ def _draft_time(plan: Plan, gpu: GpuTarget, opt: Options, c: int) -> float:
 
 def published_plan(mtp: bool = False) -> Plan:
     """The published SGLang configuration: GLM-5-NVFP4, 8x RTX PRO 6000, TP8, FlashInfer CUTLASS MoE, BF16 KV."""
-    from sglang_glm5.plan import load_model_config, make_plan
-    from sglang_glm5.profiles import load_profile
-
     profile = load_profile("rtx-pro-6000x8-tp8")
     if mtp:
         profile = profile.with_mtp()
