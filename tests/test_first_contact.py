@@ -53,12 +53,28 @@ def _cli(*args: str, cwd: Path | None = None, env_changes: dict | None = None, t
 # The registry of switches.
 
 
-def test_readme_table_is_the_registry():
-    text = (REPO / "README.md").read_text()
+def _rows(table: str) -> dict[str, list[str]]:
+    """A markdown table's rows by their first cell, each as its cells (a cell's escaped \\| kept)."""
+    rows = {}
+    for line in table.strip().splitlines()[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_the_switch_tables_are_the_registry():
     begin, end = "<!-- env-table:begin -->", "<!-- env-table:end -->"
-    assert begin in text and end in text, "README lacks the generated table's markers"
+    text = (REPO / "docs" / "op.md").read_text()
+    assert begin in text and end in text, "docs/op.md lacks the generated table's markers"
     table = text.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert table == env.markdown_table(), "README's switch table is stale: paste `python -m sglang_glm5.env`"
+    assert table == env.markdown_table(), "docs/op.md's switch table is stale: paste `python -m sglang_glm5.env`"
+    readme = (REPO / "README.md").read_text().split("\n## Environment switches\n", 1)[1].split("\n## ", 1)[0]
+    short = _rows(readme[readme.index("| variable |") :].split("\n\n", 1)[0])
+    full = _rows(table)
+    assert list(short) == list(full), f"README's switch table lists {list(short)}, the registry {list(full)}"
+    for name, cells in full.items():
+        assert short[name][:3] == cells[:3], f"README's row of {name}: {short[name][:3]}, the registry: {cells[:3]}"
+        assert len(short[name][3]) <= 110, f"README's row of {name} is longer than one line: {short[name][3]}"
     names = {s.name for s in env.SWITCHES}
     code = [
         p

@@ -1,4 +1,4 @@
-"""The README's layout section names every top-level folder and every module of sglang_glm5/, and
+"""The layout in docs/structure.md names every top-level folder and every module of sglang_glm5/, and
 names no module that is not there."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _layout() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "structure.md").read_text()
     section = text.split("\n## Layout\n", 1)[1]
     return section.split("```", 2)[1]
 
@@ -31,7 +31,7 @@ def test_every_top_level_folder_is_in_the_layout():
     named = {line.split()[0] for line in lines if line and not line.startswith(" ")}
     folders = {name for name in _tracked_top_level() if name.endswith("/") and not name.startswith(".")}
     assert folders, "git lists no folders"
-    assert folders <= named, f"folders missing from the README layout: {sorted(folders - named)}"
+    assert folders <= named, f"folders missing from the layout in docs/structure.md: {sorted(folders - named)}"
 
 
 def test_the_layout_names_exactly_the_modules_of_sglang_glm5():
