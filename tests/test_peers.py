@@ -147,3 +147,19 @@ def test_marlin_matches_the_reference_with_other_ranks_slots(tokens, gen):
     assert torch.isfinite(out).all()
     rel = ((out.double() - ref).norm() / ref.norm()).item()
     assert rel < 4e-2, rel
+
+
+def test_a_row_with_marlin_shows_ours_over_marlin_and_its_range(tmp_path):
+    from sglang_glm5 import bench_real
+
+    row = bench_real.Row("ep8", 0.0, 16, 15.0, 11.8, 0.12, 0.2, 0.08, True, 3e-3, 3, [1.6, 1.7, 1.65], 0.15,
+                         [0.78, 0.82, 0.8])  # fmt: skip
+    line = bench_real.fmt(row)
+    assert "| 0.1500 | 0.80 (0.78-0.82) | graph, 3 rounds in turn |" in line
+    assert line.count("|") == bench_real.HEADER_MARLIN.split("\n")[0].count("|")
+    numerics = [{"layout": "ep8", "tokens": 37, "local_slots": 40, "ours_rel_err": 2.2e-3, "marlin_rel_err": 4.7e-3,
+                 "ok": True}]  # fmt: skip
+    md = bench_real.write_results(tmp_path, "t", [row], {"gpu": "x"}, numerics).read_text()
+    assert "| ep8 | 37 | 40 | 2.20e-03 | 4.70e-03 |" in md and bench_real.HEADER_MARLIN in md
+    plain = bench_real.Row("ep8", 0.0, 16, 15.0, 11.8, 0.12, 0.2, 0.08, True, 3e-3)
+    assert bench_real.fmt(plain).count("|") == bench_real.HEADER.split("\n")[0].count("|")
