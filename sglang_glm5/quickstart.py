@@ -35,6 +35,7 @@ def add_cli(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
     from sglang_glm5.cli import check_cache_dir
 
     check_cache_dir()  # one line now rather than a traceback after the compiles
@@ -51,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     target = hardware.detect() if gpu else hardware.resolve(DEFAULT_TARGET)
     where = torch.cuda.get_device_name() if gpu else "a machine without a CUDA GPU"
     print(f"quickstart: sglang-glm5 {version()} on {where} (torch {torch.__version__}, Triton {triton.__version__})")
-    t0 = time.perf_counter()
     tiles = doctor.target_tiles(target)
     print(f"[1/3] tiles: compiling the {len(tiles)} W4A16 tiles the op may launch on {target.name} for {target.sm}, "
           "in worker processes beside the op (memoized in the user cache)", flush=True)  # fmt: skip
