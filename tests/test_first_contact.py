@@ -218,19 +218,32 @@ def _serve_args(model_dir: Path):
 # doctor
 
 
-def test_doctor_fails_on_a_bad_switch_and_says_what_disable_does(tmp_path):
+def test_doctor_fails_on_a_bad_switch_and_says_what_disable_does(tmp_path, monkeypatch, capsys):
     (tmp_path / "autotune").mkdir()
     (tmp_path / "autotune" / "rtx-pro-6000.json").write_text('{"truncated": ')
-    out = _cli("doctor", "--no-gpu", env_changes={"SGLANG_GLM5_CACHE_DIR": str(tmp_path),
-                                                  "SGLANG_GLM5_W4A4_MIN_TOKENS": "lots"})  # fmt: skip
-    assert out.returncode == 1, out.stdout
-    assert (
-        "[FAIL] env: SGLANG_GLM5_W4A4_MIN_TOKENS: expected a number of tokens per expert >= 0, got 'lots'" in out.stdout
+    monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SGLANG_GLM5_W4A4_MIN_TOKENS", "lots")
+    assert main(["doctor", "--no-gpu"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] env: SGLANG_GLM5_W4A4_MIN_TOKENS: expected a number of tokens per expert >= 0, got 'lots'" in out, (
+        out
     )
-    assert "rtx-pro-6000.json cannot be read" in out.stdout, out.stdout
-    out = _cli("doctor", "--no-gpu", env_changes={"SGLANG_GLM5_CACHE_DIR": str(tmp_path), "SGLANG_GLM5_DISABLE": "1"})
-    assert "SGLANG_GLM5_DISABLE turns the plugin off" in out.stdout, out.stdout
-    assert re.search(r"shipped \d+ file\(s\), [1-9]\d* entries", out.stdout), out.stdout
+    assert "rtx-pro-6000.json cannot be read" in out, out
+    monkeypatch.delenv("SGLANG_GLM5_W4A4_MIN_TOKENS")
+    monkeypatch.setenv("SGLANG_GLM5_DISABLE", "1")
+    main(["doctor", "--no-gpu"])
+    out = capsys.readouterr().out
+    assert "SGLANG_GLM5_DISABLE turns the plugin off" in out, out
+    assert re.search(r"shipped \d+ file\(s\), [1-9]\d* entries", out), out
+
+
+def test_the_readme_is_short_and_starts_with_the_first_command():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines; at most 150"
+    first = text.split("```bash\n", 1)[1].splitlines()[0]
+    assert first.startswith("pip install . && sglang-glm5 quickstart"), first
+    for page in ("docs/status.md", "docs/decode.md", "docs/structure.md", "docs/op.md", "docs/commands.md"):
+        assert f"]({page})" in text and (REPO / page).is_file(), page
 
 
 # ---------------------------------------------------------------------------------------------------------------
