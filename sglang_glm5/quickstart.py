@@ -19,7 +19,7 @@ DEFAULT_TARGET = "rtx-pro-6000"  # the tiles checked without a GPU: the package'
 
 
 def add_cli(subparsers) -> None:
-    from sglang_glm5.profiles import DEFAULT_PROFILE, profile_help
+    from sglang_glm5.profiles import profile_help
 
     p = subparsers.add_parser(
         "quickstart",
@@ -29,7 +29,7 @@ def add_cli(subparsers) -> None:
         "default profile's plan. On a GPU: the same on it, then `tune --target local` when no measured cache entry "
         "exists for it. Ends with one line: what passed and what to run next. Exit status 1 when a check fails.",
     )
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help=profile_help())
+    p.add_argument("--profile", default=None, help=profile_help() + "; default: the shipped profile for this GPU")
     p.add_argument("--no-tune", action="store_true", help="on a GPU: do not tune it, even without measured entries")
     p.set_defaults(func=run)
 
@@ -62,14 +62,15 @@ def run(args: argparse.Namespace) -> int:
         tiles_status, tiles_line = compiled.result()
     print(f"[{tiles_status:>4}] {tiles_line}")
     print("[3/3] plan:", flush=True)
-    plan_line = _plan(args.profile)
+    profile = args.profile or default_profile(target.name if gpu else None)
+    plan_line = _plan(profile)
     tiles_ok = tiles_status == doctor.OK
     passed = [
         ("the op against float64 " + (f"on the {target.name}" if gpu else "through the interpreter"), op_ok),
         (f"{len(tiles)} {target.name} tiles within {target.shared_per_block} B", tiles_ok),
         (plan_line, plan_line is not None),
     ]
-    failed = [what or f"plan {args.profile}" for what, ok in passed if not ok]
+    failed = [what or f"plan {profile}" for what, ok in passed if not ok]
     tuned = ""
     if gpu and not failed:
         tune_ok, tuned = _tune_if_unmeasured(target, args.no_tune)
@@ -85,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
         nxt = 'next, on the GPU box: pip install ".[sglang]" && sglang-glm5 quickstart (runs it there and tunes)'
     print(f"quickstart: passed in {elapsed:.0f} s: {', '.join(what for what, _ in passed)}{tuned}; {nxt}")
     return 0
+
+
+def default_profile(gpu: str | None) -> str:
+    """The first shipped profile written for this GPU (a ``hardware.TARGETS`` name), else the package's default."""
+    from sglang_glm5.profiles import DEFAULT_PROFILE, load_profile, profile_names
+
+    mine = [name for name in profile_names() if gpu and load_profile(name).gpu == gpu]
+    return DEFAULT_PROFILE if not mine or DEFAULT_PROFILE in mine else mine[0]
 
 
 def _op(gpu: bool) -> int:

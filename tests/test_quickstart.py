@@ -71,14 +71,16 @@ def test_quickstart_says_what_failed(no_gpu, stub_op_and_tiles, capsys):
 
 
 @pytest.mark.parametrize(
-    "gpu, tunes",
+    "gpu, tunes, profile",
     [
-        ("rtx-pro-6000", True),  # the shipped sm_120 entries are unmeasured: tune and measure it
-        ("h100", False),  # reads the H200's measured entries (same SMs and shared memory): nothing to tune
+        ("rtx-pro-6000", True, "rtx-pro-6000x8-ep8"),  # the shipped sm_120 entries are unmeasured: tune it
+        ("h100", False, "rtx-pro-6000x8-ep8"),  # reads the H200's measured entries (same SMs); no H100 profile ships
+        ("h200", False, "h200x8"),
     ],
 )
-def test_quickstart_on_a_gpu_tunes_it_when_no_entry_was_measured_there(monkeypatch, capsys, stub_op_and_tiles, gpu,
-                                                                     tunes):  # fmt: skip
+def test_quickstart_on_a_gpu_tunes_it_when_no_entry_was_measured_there(
+    monkeypatch, capsys, stub_op_and_tiles, gpu, tunes, profile
+):
     calls, _ = stub_op_and_tiles
     target = hardware.TARGETS[gpu]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -93,6 +95,7 @@ def test_quickstart_on_a_gpu_tunes_it_when_no_entry_was_measured_there(monkeypat
     assert calls["tune"] == (["local"] if tunes else []), calls
     assert ("tuned and measured" in last) == tunes and ("measured cache entries" in last) == (not tunes), last
     assert "next: `sglang-glm5 doctor`" in last, last
+    assert f"the {profile} plan fits" in last, last  # the shipped profile for this GPU, else the default
     assert main(["quickstart", "--no-tune"]) == 0 and len(calls["tune"]) == tunes  # --no-tune: not again
 
 
