@@ -40,7 +40,8 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "doctor",
         help="check this machine before serving: GPU, versions, plugin, caches, a correctness run on the GPU",
-        description="One line per check; exit status 1 when any check fails.",
+        description="One line per check; exit status 1 when any check fails. Without a GPU the GPU checks are "
+        "skipped and named, and a missing optional part (SGLang, an extra) is a warning naming what to install.",
     )
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU checks (a machine without a GPU)")
     p.add_argument(
