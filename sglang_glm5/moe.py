@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from sglang_glm5 import prefill
+from sglang_glm5 import autotune, prefill
 from sglang_glm5.routing import check_ids_in_range, check_options, interpreting, validate_call
 from sglang_glm5.tiles import MoeConfig
-from sglang_glm5.variants import w4a16
+from sglang_glm5.variants import PATHS, w4a16, w4a16_plan
 from sglang_glm5.weights import Nvfp4MoeWeights
 
-PATHS = ("auto", "w4a16", "w4a4", "dense")
+__all__ = ["PATHS", "fused_moe", "nvfp4_fused_moe"]
 
 
 def _dense_prefill(device: torch.device, tokens_per_expert: float) -> bool:
@@ -50,6 +50,7 @@ def nvfp4_fused_moe(
     w2_input_scale: torch.Tensor | float | None = None,
     check_ids: bool = True,
     num_global_experts: int | None = None,
+    settings: w4a16_plan.PlanSettings | None = None,
 ) -> torch.Tensor:
     """NVFP4 mixture of experts: [T, H] hidden states -> [T, H], dtype of hidden_states.
 
@@ -68,7 +69,7 @@ def nvfp4_fused_moe(
     )  # fmt: skip
     return fused_moe(
         hidden_states, weights, topk_weights, topk_ids, config=config, path=path, check_ids=check_ids,
-        num_global_experts=num_global_experts,
+        num_global_experts=num_global_experts, settings=settings,
     )  # fmt: skip
 
 
@@ -82,6 +83,7 @@ def fused_moe(
     path: str = "auto",
     check_ids: bool = True,
     num_global_experts: int | None = None,
+    settings: w4a16_plan.PlanSettings | None = None,
 ) -> torch.Tensor:
     """``nvfp4_fused_moe`` on a layer's checked weights (``Nvfp4MoeWeights.build``).
 
@@ -96,6 +98,8 @@ def fused_moe(
     num_global_experts: experts across all ranks, when the ids mark other ranks' experts -1 (expert
     parallelism). Tiles and paths are chosen by tokens per expert, estimated without a sync as
     T * k / num_global_experts (default E: every slot local).
+    settings: how the W4A16 kernels plan a call (``w4a16_plan.PlanSettings``; default
+    ``w4a16_plan.default_settings()``, the defaults and the environment's switches).
     """
     num_tokens, top_k = validate_call(hidden_states, weights, topk_weights, topk_ids)
     num_experts, hidden, inter = weights.shape
@@ -127,5 +131,7 @@ def fused_moe(
     dense = path == "auto" and config is None and not interpreting()
     if path == "dense" or (dense and _dense_prefill(hidden_states.device, tokens_per_expert)):
         return prefill.dense_moe(hidden_states, weights, topk_weights, topk_ids, out=out)
+    device = hidden_states.device
+    config = config or autotune.pick_config("w4a16", tokens_per_expert, num_experts, hidden, inter, device)
     return w4a16.run(hidden_states, weights, topk_weights, topk_ids, out=out, config=config,
-                     num_global_experts=num_global_experts)  # fmt: skip
+                     num_global_experts=num_global_experts, settings=settings)  # fmt: skip

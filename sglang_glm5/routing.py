@@ -78,14 +78,19 @@ def validate_call(hidden_states, weights: Nvfp4MoeWeights, topk_weights, topk_id
     return num_tokens, top_k
 
 
-def uses_pdl(device: torch.device) -> bool:
-    """Whether the op's launches on ``device`` may use programmatic dependent launch (each kernel starting while
-    the one before it runs, then waiting for it on the GPU): a CUDA device of sm_90+
-    (``hardware.launches_dependents``), not the interpreter, and ``SGLANG_GLM5_PDL`` on (the default)."""
+def pdl_runs_on(device: torch.device) -> bool:
+    """Whether launches on ``device`` can use programmatic dependent launch (each kernel starting while the one
+    before it runs, then waiting for it on the GPU): a CUDA device of sm_90+ (``hardware.launches_dependents``), not
+    the interpreter."""
     if device.type != "cuda" or interpreting():
         return False
     arch = device_arch(device)
-    return arch is not None and launches_dependents(arch) and bool(env.get(env.PDL))
+    return arch is not None and launches_dependents(arch)
+
+
+def uses_pdl(device: torch.device) -> bool:
+    """``pdl_runs_on(device)`` with ``SGLANG_GLM5_PDL`` on (the default)."""
+    return pdl_runs_on(device) and bool(env.get(env.PDL))
 
 
 def check_options(config, num_global_experts, num_experts: int) -> None:
@@ -145,31 +150,34 @@ def route_block(num_pairs: int, num_experts: int) -> tuple[int, int]:
 
 
 # From this many pairs (GLM-5 B >= 1024) the routing is two launches over chunks of the ids (``route_chunked``)
-# instead of E + 1 programs that each walk all of them.
+# instead of E + 1 programs that each walk all of them: the defaults of ``route_pairs``' ``chunked_from`` and
+# ``chunk``.
 CHUNKED_ROUTE_PAIRS = 8192
 ROUTE_CHUNK = 2048  # pairs a program of the chunked routing
 
 
-def route_chunked(ids, num_experts, block_m, route: Route, zero, x, xp, tiles: int, wgmma: bool, rows: int) -> None:
-    """The routing into ``route``'s tensors as two launches over chunks of ``ROUTE_CHUNK`` pairs: the first counts
+def route_chunked(
+    ids, num_experts, block_m, route: Route, zero, x, xp, tiles: int, wgmma: bool, rows: int, chunk: int = ROUTE_CHUNK
+) -> None:
+    """The routing into ``route``'s tensors as two launches over chunks of ``chunk`` pairs: the first counts
     each chunk's pairs per expert (and lays out the activations x into xp in ``tiles`` programs, zeroes ``zero``), the
     second adds the counts up and places each chunk's pairs where the one-launch sort would (the same outputs). Its
     programs each read CHUNK ids and the table of counts, where the one-launch sort's E + 1 programs each read all P
     ids twice."""
     sorted_ids, block_expert, used_blocks = route
     num_pairs = ids.numel()
-    chunks = cdiv(num_pairs, ROUTE_CHUNK)
+    chunks = cdiv(num_pairs, chunk)
     e_pad = max(16, next_power_of_2(num_experts))
     counts = torch.empty((chunks, e_pad), dtype=torch.int32, device=ids.device)
     _k.route_count_kernel[(chunks + tiles,)](
         ids, counts, used_blocks if zero is None else zero, x, xp, num_pairs, num_experts,
         0 if zero is None else zero.numel(), *(x.shape if tiles else (0, 0)), x.stride(0), xp.stride(0),
-        E_PAD=e_pad, CHUNK=ROUTE_CHUNK, PERMUTE=tiles > 0, PERMUTE_T=rows, PERMUTE_K=PERMUTE_K,
+        E_PAD=e_pad, CHUNK=chunk, PERMUTE=tiles > 0, PERMUTE_T=rows, PERMUTE_K=PERMUTE_K,
         WGMMA=wgmma, num_warps=8,
     )  # fmt: skip
     _k.route_place_kernel[(chunks + num_experts + 1,)](
         ids, counts, sorted_ids, block_expert, used_blocks, num_pairs, num_experts, block_expert.numel(),
-        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=ROUTE_CHUNK, ROWS=16, num_warps=8,
+        BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, ROWS=16, num_warps=8,
     )  # fmt: skip
 
 
@@ -185,9 +193,11 @@ def route_pairs(
     each_pair: bool = False,
     first_expert: int = 0,
     chain: tuple[int, int] = (0, 1),
+    chunked_from: int = CHUNKED_ROUTE_PAIRS,
+    chunk: int = ROUTE_CHUNK,
 ) -> Route:
     """Sort the P = T*k pairs by expert into blocks of block_m pairs that share an expert, in one launch (two from
-    ``CHUNKED_ROUTE_PAIRS`` pairs: ``route_chunked``).
+    ``chunked_from`` pairs: ``route_chunked``, over chunks of ``chunk`` pairs).
 
     Pair ids in a block are in increasing order; slots past an expert's count hold P (padding).
     Blocks past the last used one get expert -1; ids outside [0, E) are dropped. The number of blocks
@@ -199,7 +209,7 @@ def route_pairs(
     The torch reference is ``sglang_glm5.reference.align_pairs_by_expert_reference``.
 
     ``each_pair`` (at most E pairs): no sort, one routing program instead of E + 1; block r holds the r-th valid
-    pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16_plan.EACH_PAIR_MAX_PAIRS``). The
+    pair alone, in pair order, so two pairs of one expert take two blocks (``w4a16_plan.PlanSettings``). The
     GEMMs compute each pair's row as they would in a shared block: the op's output does not change.
 
     ``first_expert``: route the group of experts first_expert .. first_expert + E - 1 alone (id i is that group's
@@ -228,8 +238,8 @@ def route_pairs(
     num_rows, x_cols = x.shape if permute is not None else (0, 0)
     rows = permute_rows(num_rows)
     tiles = cdiv(num_rows, rows) * cdiv(x_cols, PERMUTE_K)
-    if num_pairs >= CHUNKED_ROUTE_PAIRS and not each_pair and not pdl and not first_expert and chains == 1:
-        route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows)
+    if num_pairs >= chunked_from and not each_pair and not pdl and not first_expert and chains == 1:
+        route_chunked(ids, num_experts, block_m, route, zero, x, xp, tiles, _wgmma_order(layout, x_cols), rows, chunk)
         return route
     block, warps = route_block(num_pairs, num_experts)
     routers = 1 if each_pair else num_experts + 1
@@ -267,9 +277,12 @@ def route_pairs(
     return route
 
 
-def align_pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_pairs_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, *, chunked_from: int = CHUNKED_ROUTE_PAIRS,
+    chunk: int = ROUTE_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(sorted_ids, block_expert) of ``route_pairs``, for kernels that launch a program per block."""
-    route = route_pairs(topk_ids, num_experts, block_m)
+    route = route_pairs(topk_ids, num_experts, block_m, chunked_from=chunked_from, chunk=chunk)
     return route.sorted_ids, route.block_expert
 
 

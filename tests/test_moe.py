@@ -141,12 +141,10 @@ def test_align_matches_torch_reference(num_tokens, top_k, num_experts, block_m, 
 def test_chunked_routing_of_many_experts_in_small_chunks(gen, device, monkeypatch):
     # The chunked routing with 65 experts (E_PAD 128) and the last chunk partial, in chunks of 256 pairs from 1024
     # (the same kernels; at the shipped 2048 a chunk the interpreter takes ~25 s, which the case above spends once).
-    monkeypatch.setattr(routing, "CHUNKED_ROUTE_PAIRS", 1024)
-    monkeypatch.setattr(routing, "ROUTE_CHUNK", 256)
     chunked, calls = routing.route_chunked, []
     monkeypatch.setattr(routing, "route_chunked", lambda *a: calls.append(a) or chunked(*a))
     ids = torch.randint(-1, 65, (1024 // 8 + 3, 8), generator=gen, dtype=torch.int32)
-    ours = align_pairs_by_expert(ids.to(device), 65, 64)
+    ours = align_pairs_by_expert(ids.to(device), 65, 64, chunked_from=1024, chunk=256)
     assert len(calls) == 1  # the two launches ran, over 5 chunks
     ref = align_pairs_by_expert_reference(ids, 65, 64)
     assert torch.equal(ours[0].cpu(), ref[0]) and torch.equal(ours[1].cpu(), ref[1])
@@ -223,11 +221,10 @@ def test_the_chunked_routing_matches_the_one_launch_sort(num_tokens, top_k, num_
     x = torch.randn(num_tokens, 128, generator=gen).bfloat16().to(device)
     outs = []
     for chunked in (False, True):
-        monkeypatch.setattr(routing, "CHUNKED_ROUTE_PAIRS", 64 if chunked else 1 << 40)
-        monkeypatch.setattr(routing, "ROUTE_CHUNK", 64)
         xp = torch.full_like(x, float("nan"))
         zero = torch.full((300,), 7, dtype=torch.int32, device=device)
-        route = routing.route_pairs(ids, num_experts, block_m, zero=zero, permute=(x, xp), layout="kernel_wgmma")
+        route = routing.route_pairs(ids, num_experts, block_m, zero=zero, permute=(x, xp), layout="kernel_wgmma",
+                                    chunked_from=64 if chunked else 1 << 40, chunk=64)  # fmt: skip
         outs.append((*route, xp, zero))
     for one, two in zip(*outs, strict=True):
         assert torch.equal(one, two)

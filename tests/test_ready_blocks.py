@@ -26,6 +26,8 @@ HIDDEN, INTER, EXPERTS, TOP_K = 640, 384, 8, 4
 # 128-deep steps: with 64, the decode of 16x64 tiles pairs words of two scale blocks on sm_90 (w4a16_pairs)
 TILE = GemmConfig(16, 64, 128)
 UNSPLIT = GemmConfig(16, 64, 128, split_k=1)  # the tail overlap takes unsplit launches only
+SHIPPED = w4a16_plan.PlanSettings()
+IN_TURN = dataclasses.replace(SHIPPED, tail_overlap_max_tokens_per_expert=0)  # gemm2 after the whole of gemm1
 
 
 def _layer_and_routing(num_tokens: int, active: int, gen: torch.Generator, device: torch.device):
@@ -172,11 +174,12 @@ def _tail_call(layer, num_tokens, device, num_global=EXPERTS, gemm2=UNSPLIT):
     cfg = MoeConfig(UNSPLIT, gemm2)
     pairs = num_tokens * TOP_K
     sms = w4a16_plan.sm_count(None if routing.interpreting() else device.index or 0)
-    plan = w4a16_plan.plan_gemms(cfg, pairs, EXPERTS, num_global, hidden, INTER, sms)
-    assert w4a16_plan.overlaps_tail(cfg, plan, pairs, num_global, dependent=True), (
+    plan = w4a16_plan.plan_gemms(cfg, pairs, EXPERTS, num_global, hidden, INTER, sms, settings=SHIPPED)
+    assert w4a16_plan.overlaps_tail(cfg, plan, pairs, num_global, dependent=True, settings=SHIPPED), (
         f"{num_tokens} tokens overlap the tail"
     )
-    return layer.for_device(), {"config": cfg, "check_ids": False, "num_global_experts": num_global}, plan
+    kw = {"config": cfg, "check_ids": False, "num_global_experts": num_global, "settings": SHIPPED}
+    return layer.for_device(), kw, plan
 
 
 HALVED = GemmConfig(16, 128, 128, split_k=1)  # a 4-warp tile of 128 rows: gemm2 runs it as two halves, one a program
@@ -208,8 +211,7 @@ def test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn(
     overlapped = moe.fused_moe(x, layer, weights, ids, **kw)
     assert seen == [("gemm1", True, True), ("gemm2", True, True)], "blocks last in both grids, gemm2 on the counters"
     seen.clear()
-    monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
-    in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
+    in_turn = moe.fused_moe(x, layer, weights, ids, **{**kw, "settings": IN_TURN})
     assert seen == [("gemm1", False, False), ("gemm2", False, False)], "without it: the shipped orders, no counters"
     assert torch.equal(overlapped, in_turn)
 
@@ -227,13 +229,10 @@ def test_gemm2_filling_gemm1s_tail_in_a_graph_gives_the_bits_of_the_launches_in_
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = moe.fused_moe(x, layer, weights, ids, **kw)
-    shipped = w4a16_plan.TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT
     for active in (1, EXPERTS, 2):
         ids.copy_(torch.randint(0, active, (12, TOP_K), generator=gen, dtype=torch.int32).cuda())
         ids[0, 1:] = -1
-        monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", 0)
-        in_turn = moe.fused_moe(x, layer, weights, ids, **kw)
-        monkeypatch.setattr(w4a16_plan, "TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT", shipped)
+        in_turn = moe.fused_moe(x, layer, weights, ids, **{**kw, "settings": IN_TURN})
         assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), in_turn), f"{active} active, eagerly"
         out.fill_(float("nan"))
         graph.replay()
@@ -266,13 +265,15 @@ def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(gen, devic
     # with other routings (one expert, then all), against gemm2 waiting for the whole of gemm1.
     if device.type != "cuda" or not routing.uses_pdl(device):
         pytest.skip("SGLANG_GLM5_TEST_DEVICE is not an sm_90+ GPU")
-    inter = 256  # one K step of gemm2: several N tiles a program (MULTI_TILE_PROGRAMS_PER_SM lowered to keep them)
-    monkeypatch.setattr(w4a16_plan, "MULTI_TILE_PROGRAMS_PER_SM", 0)
+    inter = 256  # one K step of gemm2: several N tiles a program (multi_tile_programs_per_sm lowered to keep them)
+    settings = dataclasses.replace(SHIPPED, multi_tile_programs_per_sm=0)
+    whole_wait = dataclasses.replace(settings, await_blocks_below_tokens_per_expert=0)
     layer = Nvfp4MoeWeights.build(*(t.cuda() for t in random_layer(EXPERTS, 1024, inter, gen).args())).for_device()
-    kw = {"check_ids": False, "num_global_experts": 64}
+    kw = {"check_ids": False, "num_global_experts": 64, "settings": settings}
     cfg = w4a16_tiles.heuristic_config(24 / 64)
-    plan = w4a16_plan.plan_gemms(cfg, 24, EXPERTS, 64, 1024, inter, w4a16_plan.sm_count(device.index or 0))
-    assert w4a16_plan.awaits_blocks(cfg, plan, 24, 64, dependent=True), "this call takes the ready counters"
+    plan = w4a16_plan.plan_gemms(cfg, 24, EXPERTS, 64, 1024, inter, w4a16_plan.sm_count(device.index or 0),
+                                 settings=settings)  # fmt: skip
+    assert w4a16_plan.awaits_blocks(cfg, plan, 24, 64, dependent=True, settings=settings), "takes the ready counters"
     x = torch.randn(6, 1024, generator=gen).bfloat16().cuda()
     weights, _ = random_routing(6, EXPERTS, TOP_K, gen)
     weights = weights.cuda()
@@ -283,9 +284,7 @@ def test_overlapped_gemm2_in_a_graph_gives_the_bits_of_the_whole_wait(gen, devic
     for active in (1, EXPERTS, 2):
         ids.copy_(torch.randint(0, active, (6, TOP_K), generator=gen, dtype=torch.int32).cuda())
         ids[0, 1:] = -1
-        monkeypatch.setattr(w4a16_plan, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 0)
-        whole = moe.fused_moe(x, layer, weights, ids, **kw)
-        monkeypatch.setattr(w4a16_plan, "AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT", 1)
+        whole = moe.fused_moe(x, layer, weights, ids, **{**kw, "settings": whole_wait})
         assert torch.equal(moe.fused_moe(x, layer, weights, ids, **kw), whole), f"{active} active, eagerly"
         out.fill_(float("nan"))
         graph.replay()

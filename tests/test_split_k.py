@@ -23,6 +23,8 @@ from sglang_glm5.tiles import GemmConfig, MoeConfig
 from sglang_glm5.variants import w4a16, w4a16_plan, w4a16_tiles
 from sglang_glm5.weights import Nvfp4MoeWeights
 
+SHIPPED = w4a16_plan.PlanSettings()  # the plan's defaults, whatever the environment holds
+
 
 @dataclass(frozen=True)
 class Case:
@@ -95,7 +97,7 @@ def test_op_with_few_active_experts_matches_float64_reference(case, gen, device)
     assert torch.equal(out, again), "the same call twice must give the same bits"
 
 
-@pytest.mark.parametrize("splits", [2, 3, 5])
+@pytest.mark.parametrize("splits", [3, 5])  # 10 K steps of gemm1: the last split shorter, then all equal
 def test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit(splits, gen, device):
     # gemm1 split in K: the last program of a tile adds the fp32 partials in split order; gemm2 split in
     # K: fp32 partials that sum_over_slots adds. Each against the unsplit launch (close: the fp32 sums
@@ -185,16 +187,17 @@ def test_whole_grid_gives_the_block_loops_bits(gen, device, monkeypatch):
     _, _, _, ids, want, args = _inputs(case, gen, device)
     sms = w4a16_plan.sm_count(None if device.type == "cpu" else device.index or 0)
     cfg = w4a16_tiles.heuristic_config(1)
-    plan = w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms)
+    plan = w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter, sms,
+                                 settings=SHIPPED)  # fmt: skip
     bound = routing.num_blocks_bound(ids.numel(), case.num_experts, cfg.gemm1.block_m)
     assert plan.gemm1.block_programs == bound and plan.gemm1.blocks_last == (plan.gemm1.splits > 1)
     if device.type == "cpu":
         assert plan.gemm1.blocks_last, "the interpreter's small GPU should make the op split gemm1's K"
-    whole = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(w4a16_plan, "WHOLE_GRID_WITHIN", 0.0)
+    whole = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts, settings=SHIPPED)
+    loops = dataclasses.replace(SHIPPED, whole_grid_within=0.0)
     assert w4a16_plan.plan_gemms(cfg, ids.numel(), case.num_experts, 8 * case.num_experts, case.hidden, case.inter,
-                                 sms).gemm1.block_programs < bound  # fmt: skip
-    looped = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+                                 sms, settings=loops).gemm1.block_programs < bound  # fmt: skip
+    looped = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts, settings=loops)
     assert torch.equal(whole, looped)
     assert _rel(whole, want) < 1e-2
 
@@ -210,11 +213,23 @@ def test_gemm2_halves_give_the_one_tile_bits(gen, device, monkeypatch):
     assert not w4a16_plan.halves(GemmConfig(16, 128, 128, num_warps=8), 1), "8 warps: a half would give a wgmma 32 rows"
     # 64-deep steps: a half's decode pairs words of two scale blocks on sm_90 (w4a16_pairs)
     assert not w4a16_plan.halves(GemmConfig(16, 128, 64), 1)
-    args = [t.to(device) for t in (x, *layer.args(), weights, ids)]
-    split = moe.nvfp4_fused_moe(*args, config=cfg)
-    monkeypatch.setattr(w4a16_plan, "GEMM2_HALVES", False)
-    whole = moe.nvfp4_fused_moe(*args, config=cfg)
-    assert torch.equal(split, whole)
+    ids_d = ids.to(device)
+    w13, s13, g13, w2, s2, g2 = (t.to(device) for t in layer.args())
+    route = routing.route_pairs(ids_d, 4, 16)
+    h = torch.empty(ids.numel(), 192, dtype=torch.bfloat16, device=device)
+    xp = routing.prepare_activations(x.to(device))
+    w4a16.launch_gemm1(xp, w13, s13, g13, route, h, cfg.gemm1, 2, 0, 192, routing.interpreting())
+
+    def gemm2(halves: bool) -> torch.Tensor:
+        y = torch.full((ids.numel(), 320), float("nan"), dtype=torch.bfloat16, device=device)
+        w4a16.launch_gemm2(h, w2, s2, g2, weights.reshape(-1).to(device), route, y, cfg.gemm2, routing.interpreting(),
+                           per_program=1, halves=halves)  # fmt: skip
+        out = torch.empty(5, 320, dtype=torch.bfloat16, device=device)
+        routing.sum_over_slots(y, ids_d, out, 4, routing.interpreting())
+        return out
+
+    split = gemm2(True)
+    assert torch.equal(split, gemm2(False))
     assert _rel(split, nvfp4_fused_moe_reference(x, *layer.args(), weights, ids)) < 1e-2
 
 
@@ -254,14 +269,14 @@ def test_each_pair_routing_gives_the_sorted_routings_bits(num_tokens, idle, gen,
     # same sums either way. Four tokens over three active experts share experts across tokens; idle tokens have no
     # local slot (their rows are 0), and with (2, 2) no pair is valid at all.
     case = Case(num_tokens, active=3, num_experts=16, idle=idle)
-    assert num_tokens * case.top_k <= min(w4a16_plan.EACH_PAIR_MAX_PAIRS, case.num_experts)
+    assert num_tokens * case.top_k <= min(SHIPPED.each_pair_max_pairs, case.num_experts)
     _, _, _, _, want, args = _inputs(case, gen, device)
     taken = []
     route = w4a16.route_pairs
     monkeypatch.setattr(w4a16, "route_pairs", lambda *a, **k: taken.append(k["each_pair"]) or route(*a, **k))
-    each = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
-    monkeypatch.setattr(w4a16_plan, "EACH_PAIR_MAX_PAIRS", 0)
-    sorted_ = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts)
+    each = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts, settings=SHIPPED)
+    sorted_ = moe.nvfp4_fused_moe(*args, num_global_experts=8 * case.num_experts,
+                                  settings=dataclasses.replace(SHIPPED, each_pair_max_pairs=0))  # fmt: skip
     assert taken == [True, False]
     assert torch.equal(each, sorted_)
     if idle == num_tokens:
@@ -330,9 +345,8 @@ def test_dependent_launches_in_a_graph_give_the_bits_of_plain_ones(gen, device, 
     bundle = Nvfp4MoeWeights.build(*(t.to(device) for t in layer.args())).for_device()
     args = (x.to(device), bundle, weights.to(device), ids.to(device))
     kw = {"check_ids": False, "num_global_experts": 64}
-    monkeypatch.setenv("SGLANG_GLM5_PDL", "0")
-    plain = moe.fused_moe(*args, **kw)
-    monkeypatch.setenv("SGLANG_GLM5_PDL", "1")
+    plain = moe.fused_moe(*args, **kw, settings=dataclasses.replace(SHIPPED, pdl=False))
+    kw["settings"] = SHIPPED
     assert torch.equal(moe.fused_moe(*args, **kw), plain)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -22,7 +22,6 @@ from fractions import Fraction
 
 import torch
 
-from sglang_glm5 import autotune
 from sglang_glm5._ints import cdiv
 from sglang_glm5.hardware import runs_w4a16
 from sglang_glm5.kernels import nvfp4_moe as _k
@@ -164,7 +163,7 @@ def _check_ready(ready: torch.Tensor | None, route: Route) -> None:
 def launch_gemm2(
     h, w2, w2_scale, gs2, topk_weights_flat, route: Route, y, cfg: GemmConfig, interpret,
     per_program=None, *, launch: Launch | None = None, layout: str = "checkpoint", pdl: bool = False,
-    ready: torch.Tensor | None = None, ready_tiles: int = 0, gluon: bool | None = None,
+    ready: torch.Tensor | None = None, ready_tiles: int = 0, gluon: bool | None = None, halves: bool = True,
 ):  # fmt: skip
     """gemm2 into y: [P, H] in the hidden states' dtype, or with ``launch.splits`` > 1 the fp32
     partials [splits, P, H] that ``sum_over_slots`` adds. ``per_program``: N tiles per program (>= 1);
@@ -173,7 +172,8 @@ def launch_gemm2(
     program waits until its block's reaches ``ready_tiles`` (gemm1's N tiles) rather than for the whole of gemm1
     (with ``pdl``, while gemm1 still runs). A config marked ``gluon`` runs the Gluon kernel where
     ``w4a16_gluon.applies`` (a program per possible block, the launch's splits and N tiles per program), else this
-    one; ``gluon`` as ``launch_gemm1``."""
+    one; ``gluon`` as ``launch_gemm1``. ``halves``: each N tile as two halves where ``w4a16_plan.halves`` allows
+    (the same bits; off: one whole tile)."""
     hidden = y.shape[-1]
     num_pairs = h.shape[0]
     w4a16_tiles.check_config(cfg, "gemm2", (w2.shape[0], hidden, h.shape[1]))
@@ -237,7 +237,7 @@ def launch_gemm2(
         EVEN_K=h.shape[1] % cfg.block_k == 0,
         MULTI_TILE=per_program > 1,
         ONE_K_STEP=per_program > 1 and h.shape[1] <= cfg.block_k,
-        HALVES=w4a16_plan.halves(cfg, per_program),
+        HALVES=halves and w4a16_plan.halves(cfg, per_program),
         SPLITS=launch.splits,
         BLOCK_LOOP=launch.block_programs < route.block_expert.numel(),
         LAYOUT=LAYOUTS.index(layout),
@@ -286,17 +286,19 @@ def _eager_key(plan: w4a16_plan.CallPlan, cfg, hidden_states, topk_weights, topk
             hidden_states.device.index, *(t.dtype for t in tensors), *(t.data_ptr() % 16 for t in tensors))  # fmt: skip
 
 
-def _eager_plan(plan: w4a16_plan.CallPlan, key: tuple) -> tuple[w4a16_plan.CallPlan, tuple | None]:
+def _eager_plan(
+    plan: w4a16_plan.CallPlan, key: tuple, every_call: bool
+) -> tuple[w4a16_plan.CallPlan, tuple | None]:  # fmt: skip
     """(the plan an eager call runs, the key to record in ``_CHAINS_LAUNCHED`` once its launches went out, or None),
     where ``plan`` has chains and the stream is not capturing a CUDA graph: the chains on the first eager call of that
-    shape (``_eager_key``), one chain (``plan.alone``, the same bits) on every later one, or the chains always with
-    ``w4a16_plan.EAGER_CHAINS``. An eager call's time is its host's (bench/README.md, runs 51-53: the chains' second
-    routing, GEMMs and streams cost 0.25-1 ms a call at GLM-5 EP8 B = 4-16, for a few microseconds of GPU time); a
-    graph replays the chains for nothing. The first call runs them so that their kernels are compiled and loaded before
+    shape (``_eager_key``), one chain (``plan.alone``, the same bits) on every later one, or the chains on
+    ``every_call`` (``PlanSettings.eager_chains``). An eager call's time is its host's (the chains' second routing,
+    GEMMs and streams cost 0.25-1 ms a call at GLM-5 EP8 B = 4-16, for a few microseconds of GPU time); a graph
+    replays the chains for nothing. The first call runs them so that their kernels are compiled and loaded before
     a capture of that call, which cannot load a kernel (the driver refuses to load a module while a stream captures);
     SGLang runs each batch size eagerly twice before it captures it (0.5.23:
     ``runner_backend/full_cuda_graph_backend.py``, "so kernels are loaded"). A call that raised records nothing."""
-    if w4a16_plan.EAGER_CHAINS:
+    if every_call:
         return plan, None
     if key in _CHAINS_LAUNCHED:
         return plan.alone, None
@@ -310,12 +312,16 @@ def _expert_group(weights, first: int, count: int):
     return dataclasses.replace(weights, **take, w13_input_scale=None, w2_input_scale=None)
 
 
-def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig | None, num_global_experts=None):
-    """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), into ``out``: the routing
-    launch (sort, activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it
-    runs) and the top-k sum. Where ``w4a16_plan.expert_groups`` says several, the routing and the GEMMs run as that
+def run(
+    hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfig, num_global_experts=None,
+    settings: w4a16_plan.PlanSettings | None = None,
+):  # fmt: skip
+    """The W4A16 op on arguments ``moe.fused_moe`` validated (T > 0, ids in range), with tiles ``config``, into
+    ``out``, planned with ``settings`` (default ``w4a16_plan.default_settings()``): the routing launch (sort,
+    activation layout, split-K counters), gemm1 and gemm2 (in Gluon for a config marked so, where it runs) and the
+    top-k sum. Where ``w4a16_plan.expert_groups`` says several, the routing and the GEMMs run as that
     many chains, each over a share of the local experts (every other active expert up to
-    ``w4a16_plan.INTERLEAVED_TOKENS_PER_EXPERT``, chosen by each chain's routing launch on the GPU; above it a
+    ``PlanSettings.interleaved_tokens_per_expert``, chosen by each chain's routing launch on the GPU; above it a
     contiguous group, two: the halves), the first on the caller's stream and each other on a stream of its own (forked
     after the first chain's routing, which lays out the activations for all, and joined before the top-k sum; the
     interpreter runs them in turn), each planned for its share (``w4a16_plan.chain_sms``) with one chain's K splits:
@@ -327,13 +333,14 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
     num_global = num_global_experts or num_experts
     device = hidden_states.device
     interpret = interpreting()
-    cfg = config or autotune.pick_config("w4a16", num_pairs / num_global, num_experts, hidden, inter, device)
+    cfg = config
+    settings = settings or w4a16_plan.default_settings()
     plan = w4a16_plan.call_plan(cfg, num_pairs, num_experts, num_global, hidden, inter, device, hidden_states.dtype,
-                                weights.layout)  # fmt: skip
+                                weights.layout, settings)  # fmt: skip
     launched = None
     if plan.alone is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         key = _eager_key(plan, cfg, hidden_states, topk_weights, topk_ids, weights, num_global)
-        plan, launched = _eager_plan(plan, key)
+        plan, launched = _eager_plan(plan, key, settings.eager_chains)
     launch1, launch2, per_program = plan.gemms.gemm1, plan.gemms.gemm2, plan.gemms.per_program
     groups, n_counters = plan.chains, plan.gemms.counters
     # each chain's split and ready counters, zeroed by its routing launch
@@ -359,6 +366,7 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
 
     gate_row0, up_row0 = weights.gate_up_rows
     route_pdl = "route" in plan.pdl
+    chunks = {"chunked_from": settings.chunked_route_pairs, "chunk": settings.route_chunk}
     routes, scratch = [], []
     forked = []
     try:
@@ -375,11 +383,11 @@ def run(hidden_states, weights, topk_weights, topk_ids, *, out, config: MoeConfi
                     part = _expert_group(weights, first, plan.chain_experts)
                 route1 = route_pairs(topk_ids, own, cfg.gemm1.block_m, zero=counters[group],
                                      permute=None if group else (hidden_states, xp), pdl=route_pdl,
-                                     layout=weights.layout, each_pair=plan.each_pair, **experts)  # fmt: skip
+                                     layout=weights.layout, each_pair=plan.each_pair, **experts, **chunks)  # fmt: skip
                 route2 = route1
                 if cfg.gemm2.block_m != cfg.gemm1.block_m:
                     route2 = route_pairs(topk_ids, own, cfg.gemm2.block_m, pdl=route_pdl, each_pair=plan.each_pair,
-                                         **experts)  # fmt: skip
+                                         **experts, **chunks)  # fmt: skip
                 routes.append((route1, route2, part))
         # gemm1's scratch stays referenced until the op returns: with ready counters gemm2 runs beside gemm1 and must
         # not get its memory for y (the launches after the op wait for gemm2's end, which waits for gemm1's)

@@ -6,13 +6,9 @@ config marked ``gluon`` (label suffix ``-gl``) runs them where ``applies`` (``w4
 decide per launch), else the Triton kernels with the same tile and split: the config says what runs, so the tuner, the
 cache and the op agree. The tuner offers ``TILES`` with their split plans at decode buckets on a GPU where they run
 (``runs_on``), beside the Triton tiles, and at chunked-prefill buckets its leading Triton gemm1 tile in Gluon
-(``prefill_forms``: 0.89-0.95x the op at GLM-5 B = 2048-8192, run 34). H200, GLM-5, the whole op at real routing with
-the tuner's Gluon gemm1 entries against the revision before (bench/README.md, run 30, seed 43): EP8 B = 1-8 0.92-0.94x,
-B = 32 0.95x, TP8 B = 1-8 0.89-0.93x; with the 2-stage tile as well (run 31, against run 30's cache on the same
-routings) EP8 B = 2-4 0.95-0.97x, B = 16 0.97x, B = 32-256 0.94-0.98x, TP8 B = 32-256 0.95-0.99x; with the gate-then-up
-order as well (run 32, against run 31's cache) EP8 B = 8, 16, 64 0.97-0.98x, TP8 B = 16, 64 0.96-0.98x. The Gluon gemm2
-runs correctly on the H200 (tests/test_gluon.py) but lost to the Triton gemm2 at every decode step, B = 1-256, and at B
-= 2048-8192 but one (run 34): not offered.
+(``prefill_forms``). On the H200 at GLM-5's real routing the tuner's Gluon gemm1 entries take the whole op to
+0.89-0.98x its time with Triton tiles at decode, 0.95-0.96x at B = 2048-8192. The Gluon gemm2 runs correctly
+(tests/test_gluon.py) but measured no faster than the Triton gemm2 at any step: not offered.
 """
 
 from __future__ import annotations
@@ -29,56 +25,40 @@ from sglang_glm5.hardware import device_arch, wgmma_from_registers
 from sglang_glm5.routing import Route, interpreting
 from sglang_glm5.tiles import GemmConfig, k_splits_cover
 
-# The tiles the tuner offers. Kernel alone at B = 16-256 (run 30): 16x128x128 and 16x64x128 1.4-2.1x TILE's time,
-# 4 stages 1.01-1.12x, no quarter in flight 1.00-1.10x. TWO_STAGE_TILE: 53248 B and 163-168 registers against TILE's
-# 79872 B and 193-194 (sm_90 AOT, Triton 3.6), so three programs per SM instead of two; in the tune of run 31 it won
-# gemm1 at most of the GLM-5 decode steps tuned, B = 128 and 256 included (0.90-0.99x the op); 16x64x128-w4-s4 (112
-# registers, four per SM) took 1.24-1.58x its time. Under Triton 3.8 its split forms take 188 registers (two per SM;
-# a 168 cap compiles without spills, AOT), not measured on a GPU.
-# GATE_THEN_UP_TILE: the 2-stage tile with gemm1's gate-then-up order (``GemmConfig.gate_then_up``: one matrix's
-# packed words and scale codes in registers at a time), 123-128 registers, so four programs per SM (sm_90 AOT, Triton
-# 3.6). The same bits as the Triton gemm1 (tests/test_gluon.py, H200). With every Gluon gemm1 entry of run 31's h200
-# cache (splits tuned at three per SM) in this order the op took 0.96-1.17x the time (bench/README.md, run 31); tuned
-# with its own split plans (mostly 6-8 programs per SM at GLM-5 EP8) it won the op 1-6% at EP8 B = 6-11, 14-16 and
-# 64 and TP8 B = 3, 5, 9, 10, 16 and 64, where the h200 cache takes it (run 32).
+# The tiles the tuner offers for gemm1. TWO_STAGE_TILE: 53248 B and 163-168 registers against TILE's 79872 B and
+# 193-194 (sm_90 AOT, Triton 3.6), so three programs per SM instead of two; it wins gemm1 at most GLM-5 decode steps on
+# the H200. Under Triton 3.8 its split forms take 188 registers (two per SM). GATE_THEN_UP_TILE: the 2-stage tile with
+# gemm1's gate-then-up order (``GemmConfig.gate_then_up``: one matrix's packed words and scale codes in registers at a
+# time), 123-128 registers, four programs per SM; the same bits as the Triton gemm1; tuned with its own split plans (6-8
+# programs per SM at GLM-5 EP8) it takes the op 1-6% faster at some steps, where the h200 cache holds it.
 TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=3, gluon=True)
 TWO_STAGE_TILE = GemmConfig(16, 64, 256, num_warps=4, num_stages=2, gluon=True)
 GATE_THEN_UP_TILE = dataclasses.replace(TWO_STAGE_TILE, gate_then_up=True)
 # gemm2's tile: one weight matrix, so 128 rows take the registers gemm1's 64 do (sm_90 AOT, Triton 3.6 and 3.8:
 # 16x128x256-w4-s3 219 registers, 79872 B; 16x64x256-w4-s3 120 registers, 52224 B)
 GEMM2_TILE = GemmConfig(16, 128, 256, num_warps=4, num_stages=3, gluon=True)
-# The tiles the tuner offers per GEMM. The Gluon gemm2 passes its GPU tests (run 31), but in a tune of every GLM-5
-# decode step of both layouts its best trial (either tile, any split) took 0.99-1.16x the best Triton trial's time,
-# never past the tuner's margin (bench/README.md, run 31), and 1.07-1.15x at B = 128 and 256 (run 32). With its row
-# pointers computed once a tile (728 instructions a K step against 836, 16x128x256-w4-s3, sm_90 AOT) the op still
-# took 1.02-1.03x (EP8) and 1.08-1.09x (TP8) the time at B = 32-256 with the best of five Gluon gemm2 tiles (run 39):
-# not offered.
+# The tiles the tuner offers per GEMM: none for gemm2, whose best Gluon trial took 0.99-1.16x the best Triton trial's
+# time at every GLM-5 decode step (1.02-1.09x the op at B = 32-256 even with its row pointers computed once a tile).
 #
 # The same gemm1 tiles with their copies on a producer warp group (``GemmConfig.producer``, ``-ws``:
-# kernels/nvfp4_moe_gluon_ws.py). H200, the whole op at real routing with the cached tile and plan in this form
-# (bench/README.md, run 43; the same bits at every step): the interleaved 3-stage tile at one program per SM, TP8 B = 7
-# and 8, 0.974-0.978x at two seeds (the h200 cache takes it there), but 1.035x at EP8 B = 1 with the same tile and
-# plan, and 0.98-1.16x at the steps whose cached tiles run several programs per SM: a choice per step, the tuner's.
+# kernels/nvfp4_moe_gluon_ws.py), the same bits: 0.974-0.978x the op at TP8 B = 7-8 with the interleaved 3-stage tile at
+# one program per SM (the h200 cache takes it there), 1.035x at EP8 B = 1 with the same tile and plan, 0.98-1.16x where
+# the cached tiles run several programs per SM: a choice per step, the tuner's.
 PRODUCER_TILES = (dataclasses.replace(TILE, producer=True), dataclasses.replace(GATE_THEN_UP_TILE, producer=True))
 TILES: dict[str, tuple[GemmConfig, ...]] = {"gemm1": (TILE, TWO_STAGE_TILE, GATE_THEN_UP_TILE, *PRODUCER_TILES),
                                             "gemm2": ()}  # fmt: skip
 # Above the decode buckets (chunked prefill) the tuner times its leading Triton tiles of these GEMMs again in Gluon,
-# in both orders of gemm1's wgmmas (``prefill_forms``). H200, GLM-5 (bench/README.md, run 34), the op with one
-# GEMM's tile replaced by the same tile in Gluon, eagerly: gemm1 0.95-0.96x at B = 2048 and 8192 of both layouts
-# (64x128x256-w8-s3 at 64 tokens per expert, 128x128x128-w8-s3 gate-then-up at EP8's 256), gemm2 1.04-1.31x (never
-# faster): gemm1 only.
+# in both orders of gemm1's wgmmas (``prefill_forms``): on the H200 gemm1 in Gluon took the op 0.95-0.96x at GLM-5
+# B = 2048 and 8192, gemm2 1.04-1.31x (never faster): gemm1 only.
 PREFILL_KERNELS = ("gemm1",)
 # Also offered at those buckets, beside the leading tile's forms: a 256-deep K step in two stages (204800 B, 247
-# registers, sm_90 AOT Triton 3.8; half the K steps and barriers of the 128-deep tiles). gemm1 alone on one real
-# routing (bench/exp/prefill_gluon.py, run 34): 0.927x the 128x128x128-w8-s3 gate-then-up tile at EP8 B = 4096 and
-# 8192, 0.895x (N tiles first) the 64x128x256-w8-s3 Gluon tile at TP8 B = 8192, 0.963x at TP8 B = 4096.
+# registers, sm_90 AOT Triton 3.8; half the K steps and barriers of the 128-deep tiles): gemm1 alone 0.90-0.96x the
+# leading tiles at GLM-5 B = 4096-8192 on the H200.
 PREFILL_TILES = (GemmConfig(128, 128, 256, num_warps=8, num_stages=2, gluon=True, gate_then_up=True),)
 # The chunked-prefill tiles (routing blocks of 64 or more pairs) launch gemm1 with its N tiles first in the grid
 # (``launch``'s blocks_last): the programs in flight then share a few blocks' activation rows in L2, where with the
-# blocks first every N tile reads all of them again. H200, GLM-5, the op at real routing with the shipped tiles
-# (bench/README.md, run 35): 0.965x (EP8) and 0.983x (TP8) at B = 8192, 0.985-0.992x at B = 2048 and 4096. Unsplit
-# only: that is what was measured (no shipped prefill entry splits K at GLM-5's sizes), and the split form in this
-# order has not run on a GPU.
+# blocks first every N tile reads all of them again (the op 0.965-0.992x at GLM-5 B = 2048-8192 on the H200). Unsplit
+# only: no shipped prefill entry splits K at GLM-5's sizes, and the split form in this order has not run on a GPU.
 BLOCKS_LAST_FROM_M = 64
 MAX_GRID_Y = 65535  # CUDA's limit on grid axis 1
 LOOKAHEAD = 1  # quarters of wgmmas in flight while the next is decoded (0 and 2 measured no better)
@@ -122,12 +102,15 @@ def runs_on(arch: int) -> bool:
     return wgmma_from_registers(arch) and available()
 
 
-def applies(device: torch.device, layout: str, k_size: int, tile: GemmConfig, dtype: torch.dtype) -> bool:
-    """Whether a GEMM launch with ``tile`` (a config marked ``gluon``) runs in Gluon: the switch on (the default), a
+def applies(
+    device: torch.device, layout: str, k_size: int, tile: GemmConfig, dtype: torch.dtype, allowed: bool | None = None
+) -> bool:
+    """Whether a GEMM launch with ``tile`` (a config marked ``gluon``) runs in Gluon: ``allowed`` (default: the
+    switch ``SGLANG_GLM5_GLUON_GEMM1``, on by default; the op passes ``w4a16_plan.PlanSettings.gluon``), a
     CUDA sm_90 device (not the interpreter), bf16 activations (the kernels' wgmma is bf16: fp16 would be read as
     bf16), weights in the kernel_wgmma layout, K (H for gemm1, I for gemm2) a multiple of the tile's K step, and for a
     producer form a Triton that has it."""
-    if not tile.gluon or not env.get(env.GLUON_GEMM1):
+    if not tile.gluon or not (env.get(env.GLUON_GEMM1) if allowed is None else allowed):
         return False
     if interpreting() or device.type != "cuda" or dtype != torch.bfloat16:
         return False

@@ -3,19 +3,23 @@
 At decode a rank sees few active experts (GLM-5 sends a token to 8 of 256), so the programs of the active blocks
 alone cannot fill the GPU: the K loop is then split (``plan_gemms``, from sizes known on the host, no sync). Beside
 the grids: the launches that use programmatic dependent launch, where gemm2 waits for its routing block's h alone
-(``awaits_blocks``) or fills gemm1's last wave (``overlaps_tail``), and the other plans the tuner times for a tile
-(``split_candidates``). Each rule's constant says where it was measured. ``call_plan`` gathers every rule's answer for
-one call of the op (``CallPlan``), once per distinct call.
+(``awaits_blocks``) or fills gemm1's last wave (``overlaps_tail``), the chains (``expert_groups``), and the other
+plans the tuner times for a tile (``split_candidates``).
+
+The rules read their tunables from one frozen ``PlanSettings`` (``default_settings()``: the defaults and the
+environment's switches, read once per process); an experiment or a test passes another one
+(``dataclasses.replace(default_settings(), ...)``). ``call_plan`` gathers every rule's answer for one call of the op
+(``CallPlan``), a pure function of the call's sizes, its tiles, the device's SM count and the settings, memoized on
+exactly those. ``MODES`` names each mode a plan can take, the ``CallPlan`` field that records it, where it applies and
+the settings that decide it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
-import os
-import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,118 +27,134 @@ import torch
 
 from sglang_glm5 import env, routing
 from sglang_glm5._ints import cdiv
-from sglang_glm5.routing import interpreting, num_blocks_bound, uses_pdl
+from sglang_glm5.routing import interpreting, num_blocks_bound, pdl_runs_on
 from sglang_glm5.shapes import MoeShape
 from sglang_glm5.tiles import MAX_SPLITS, GemmConfig, MoeConfig
 from sglang_glm5.variants import Bucket, w4a16_gluon
 from sglang_glm5.variants.w4a16_tiles import halvable, one_k_step_runs
 
-# Up to WHOLE_GRID_PAIRS_PER_EXPERT, a GEMM launch takes a program per possible routing block when their number is at
-# most this many times the blocks expected (``plan_launch``). H200, GLM-5 EP8 (bench/README.md, run 24): the whole grid
-# measured 0.92-0.98x at B = 8-16 (bound / expected 2.9-4.6) and 1.04-1.12x at B = 1-6 (5.8-8.6), the block axis last
-# in both; TP8's decode grids were whole already. At B = 128-256 (run 25) it keeps gemm2's halves at 147 registers.
-WHOLE_GRID_WITHIN = 5.0
-# gemm2 computes a 4-warp N tile of 128 rows or more as two halves, one after the other, when it walks one tile per
-# program (``halves``): the decoded weights of one half in registers at a time (sm_90 AOT, Triton 3.8:
-# 16x128x256-w4-s3 147 registers a thread against 228, 3 programs per SM instead of 2). H200, GLM-5 EP8, with the
-# whole grid up to 8 pairs per expert: B = 128 0.98x, B = 256 0.96x, B = 16 0.99x the op (bench/README.md, run 25).
-GEMM2_HALVES = True
-# ``WHOLE_GRID_WITHIN`` applies up to this many pairs per expert of the routing (GLM-5: B <= 256 tokens), the sizes
-# where it was measured; above, the block loop.
-WHOLE_GRID_PAIRS_PER_EXPERT = 8
-# Programs per SM a launch aims for: below it the K loop is split (if it has steps to split).
+# Programs per SM a split launch aims for (``PlanSettings.programs_per_sm``), and the offline pick's aim
+# (``resident_aim``).
 PROGRAMS_PER_SM = 2
-# Programs per SM under which gemm2 halves its N tiles per program (``plan_gemms``), where I takes few K steps (GLM-5
-# TP8, I = 256). H200, TP8 at real routing (bench/README.md, run 37): aiming at 5 per SM instead of 2 takes B = 2-3 to
-# two tiles a program and B = 4-6 to four (from four or eight): the op 0.975, 0.994, 0.960, 0.993, 0.975x at B = 2-6,
-# the same bits; B >= 8 keep eight tiles a program and B = 1 (its cached tile two K steps deep) one (3 per SM: 0.972x at
-# B = 3, 1.001x at B = 2 and 5). Not measured on SM120, whose 188 SMs reach the aim with fewer tiles a program.
+# Programs per SM under which gemm2 halves its N tiles per program, where I takes few K steps (GLM-5 TP8, I = 256).
+# H200, TP8 at real routing: aiming at 5 per SM instead of 2 takes B = 2-3 to two tiles a program and B = 4-6 to four
+# (from four or eight): the op 0.960-0.994x at B = 2-6, the same bits. Not measured on SM120, whose 188 SMs reach the
+# aim with fewer tiles a program.
 MULTI_TILE_PROGRAMS_PER_SM = 5
-# Programs per SM the tuner also tries for the split plan below one token per expert (``split_candidates``; a
-# config stores the winner as ``programs_per_sm``): 1 measured 5-7% faster than 2 at GLM-5 B = 8-16 with the cached
-# tiles (bench/README.md, run 21), and 4 lets a tile of half the registers (block_k 128) keep more warps in flight.
-SPLIT_TRIALS = (1, 4)
-# The targets ``tune --splits-only`` tries at a decode step beside the default (PROGRAMS_PER_SM): each that gives the
-# step a split count of its own is timed, and the step's entry keeps the fastest (bench/README.md, run 23).
-STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
-# The op's launches that use programmatic dependent launch where it runs (``routing.uses_pdl``), below one token
-# per expert (GLM-5: B < 32), where it measured 2-9% faster; with busy experts it measured 1-4% slower
-# (bench/README.md, run 20) unless gemm2 fills gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``).
+# The op's launches that use programmatic dependent launch where a plan does (``CallPlan.pdl``).
 PDL_LAUNCHES = ("route", "gemm1", "gemm2", "sum")
-PDL_BELOW_TOKENS_PER_EXPERT = 1  # those launches use PDL below this many tokens per expert of the routing
-# Below this many tokens per expert (with PDL), where gemm2 walks several N tiles a program, gemm2's programs wait
-# for their routing block's h alone, counted by gemm1 in per-block ready counters, not for the whole of gemm1
-# (``awaits_blocks``). H200, GLM-5 at real routing, two seeds (bench/README.md, run 40): TP8 B = 2-16 (2-8 tiles a
-# program) 0.952-0.995x the op, B = 8 1.00x; where gemm2 runs one tile a program (EP8, TP8 B = 1) 1.00-1.04x, so not
-# there. Asking the L2 for gemm2's weights before the wait, or napping between reads, did not help.
-AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT = 1
-# From one token per expert up to this many (GLM-5: B = 32-256, where gemm1 runs four to six waves of programs),
-# gemm2's programs fill gemm1's last wave (``overlaps_tail``): every launch with PDL, gemm2's programs waiting for their
-# routing block's h alone (the ready counters), and both GEMMs' grids with the block axis last, so that a block's N
-# tiles run side by side and its h is whole early, not in gemm1's last wave. H200, GLM-5 at real routing, seeds 43 /
-# 67, against the launches one after another on the same inputs, the same bits (bench/README.md, run 44): EP8 B = 32,
-# 64, 128, 256 0.975 / 0.969, 1.001 / 0.976, 0.987 / 0.980, 0.996 / 0.980x the op; TP8 0.951 / 0.946, 0.988 / 0.984,
-# 0.991 / 1.007, 1.001 / 0.998x. PDL alone there 0.985-1.026x; the counters with the blocks first 0.986-1.043x; the
-# blocks last alone 0.979-1.015x.
-TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT = 8
-# Up to this many pairs (T * k, at most E), the routing launch gives each valid pair a block of its own in one program
-# instead of sorting them in E + 1 (``routing.route_pairs(each_pair=True)``); the same outputs.
-EACH_PAIR_MAX_PAIRS = 16
-# A gemm1 config with ``stream`` (programs per SM) runs as a stream-K schedule (``Launch.stream``) up to this many pairs
-# per expert of the routing (GLM-5: B <= 256), the sizes where it was measured; above, the planned grid.
-STREAM_PAIRS_PER_EXPERT = 8
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The tunables of the W4A16 plan. Tokens per expert are the call's pairs over the global experts (GLM-5: B / 32
+    at B tokens a step); each threshold holds where it was measured on the H200 / H100 at GLM-5's real routing."""
+
+    # Programs per SM a split launch aims for when its tile says nothing (``GemmConfig.programs_per_sm`` 0).
+    programs_per_sm: int = PROGRAMS_PER_SM
+    # Programs per SM under which gemm2 halves its N tiles per program (``plan_gemms``).
+    multi_tile_programs_per_sm: int = MULTI_TILE_PROGRAMS_PER_SM
+    # A program per possible routing block (no block loop, which costs the GEMMs 40-80 registers a thread) when their
+    # number is at most this many times the blocks expected (``plan_launch``), up to ``whole_grid_pairs_per_expert``.
+    # H200, GLM-5 EP8: 1.04-1.12x at B = 1-6 (bound / expected 5.8-8.6), 0.92-0.98x at B = 8-16 (2.9-4.6).
+    whole_grid_within: float = 5.0
+    whole_grid_pairs_per_expert: float = 8
+    # A gemm1 config with ``stream`` runs as a stream-K schedule up to this many tokens per expert.
+    stream_pairs_per_expert: float = 8
+    # SGLANG_GLM5_PDL: the launches of PDL_LAUNCHES use programmatic dependent launch where the device runs it
+    # (``routing.pdl_runs_on``), below ``pdl_below_tokens_per_expert`` (2-9% faster; 1-4% slower with busy
+    # experts) and where gemm2 fills gemm1's tail.
+    pdl: bool = True
+    pdl_below_tokens_per_expert: float = 1
+    # Below this many tokens per expert, where gemm2 walks several N tiles a program, gemm2's programs wait for their
+    # routing block's h alone (``awaits_blocks``): TP8 B = 2-16 0.952-0.995x the op.
+    await_blocks_below_tokens_per_expert: float = 1
+    # From one token per expert up to this many, gemm2's programs fill gemm1's last wave (``overlaps_tail``): EP8 and
+    # TP8 B = 32-256 0.95-1.00x the op.
+    tail_overlap_max_tokens_per_expert: float = 8
+    # Up to this many pairs (and at most E) the routing gives each pair a block of its own in one program
+    # (``routing.route_pairs(each_pair=True)``); the same outputs.
+    each_pair_max_pairs: int = 16
+    # SGLANG_GLM5_TWO_CHAINS: within ``chains_tokens_per_expert`` (lowest, highest) the op runs as ``chains`` chains,
+    # each over a share of the local experts on its share of the SMs, on streams of their own (``expert_groups``):
+    # EP8 B = 4-16 0.91-0.97x the op; B = 1-3 and 32-256 no gain, TP8 mixed.
+    two_chains: bool = True
+    chains_tokens_per_expert: tuple[float, float] = (1 / 8, 1 / 2)
+    chains: int = 2
+    # Up to this many tokens per expert each chain takes every ``chains``-th active expert (counted on the GPU), above
+    # it a contiguous group (``interleaves``): at EP8 B = 4-8 the busier half holds more experts than an even share.
+    interleaved_tokens_per_expert: float = 1 / 4
+    # Eager calls (no CUDA-graph capture) run the chains on every call; off: on a shape's first call only (which
+    # loads their kernels for a later capture), one chain with the same K splits after that (``w4a16.run``): the
+    # chains double an eager call's host time for a few microseconds of GPU time.
+    eager_chains: bool = False
+    # SGLANG_GLM5_GLUON_GEMM1: a tile marked ``gluon`` runs the Gluon kernel where it runs (``w4a16_gluon.applies``).
+    gluon: bool = True
+    # From this many pairs the routing is two launches over chunks of ``route_chunk`` pairs (``routing.route_pairs``).
+    chunked_route_pairs: int = routing.CHUNKED_ROUTE_PAIRS
+    route_chunk: int = routing.ROUTE_CHUNK
+
+    def __post_init__(self) -> None:
+        low, high = self.chains_tokens_per_expert
+        if not 0 <= low <= high:
+            raise ValueError(f"chains_tokens_per_expert: expected (low, high) with 0 <= low <= high, got "
+                             f"{self.chains_tokens_per_expert}")  # fmt: skip
+        if self.chains < 1 or self.programs_per_sm < 1 or self.route_chunk < 1:
+            raise ValueError(f"chains, programs_per_sm, route_chunk: expected >= 1, got {self.chains}, "
+                             f"{self.programs_per_sm}, {self.route_chunk}")  # fmt: skip
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PlanSettings:
+        """The defaults with the environment's switches (``env.PDL``, ``env.TWO_CHAINS``, ``env.GLUON_GEMM1``)."""
+        return cls(pdl=bool(env.get(env.PDL, environ)), two_chains=bool(env.get(env.TWO_CHAINS, environ)),
+                   gluon=bool(env.get(env.GLUON_GEMM1, environ)))  # fmt: skip
+
+
+@functools.cache
+def default_settings() -> PlanSettings:
+    """The settings the op plans by unless given others: ``PlanSettings.from_env()``, read on the first call."""
+    return PlanSettings.from_env()
+
+
+class Mode(NamedTuple):
+    name: str
+    field: str  # what records it in a ``CallPlan``
+    where: str  # the calls it applies to
+    settings: tuple[str, ...]  # the ``PlanSettings`` fields that decide it
+
+
+MODES = (
+    Mode("split K", "gemms.gemm*.splits", "few blocks for the SMs (decode)", ("programs_per_sm",)),
+    Mode("whole grid", "gemms.gemm*.block_programs", "bound near the expected blocks",
+         ("whole_grid_within", "whole_grid_pairs_per_expert")),
+    Mode("multi-tile gemm2", "gemms.per_program", "I in a few K steps (TP8)", ("multi_tile_programs_per_sm",)),
+    Mode("gemm2 halves", "(launch: HALVES)", "one N tile a program, a tile that halves", ()),
+    Mode("stream-K gemm1", "gemms.gemm1.stream", "a tile with stream", ("stream_pairs_per_expert",)),
+    Mode("PDL", "pdl", "sm_90+, few tokens or the tail overlap", ("pdl", "pdl_below_tokens_per_expert")),
+    Mode("ready counters", "ready", "multi-tile gemm2 at decode", ("await_blocks_below_tokens_per_expert",)),
+    Mode("tail overlap", "ready, gemms.gemm*.blocks_last", "1-8 tokens per expert, unsplit",
+         ("tail_overlap_max_tokens_per_expert",)),
+    Mode("each pair a block", "each_pair", "at most E and a few pairs", ("each_pair_max_pairs",)),
+    Mode("chains", "chains, chain_experts, alone", "EP8 decode", ("two_chains", "chains_tokens_per_expert", "chains",
+                                                                   "eager_chains")),
+    Mode("interleaved chains", "interleaved", "the chains' smaller steps", ("interleaved_tokens_per_expert",)),
+    Mode("Gluon", "gluon", "sm_90, a tile marked gluon", ("gluon",)),
+    Mode("chunked routing", "(routing: two launches)", "prefill sizes", ("chunked_route_pairs", "route_chunk")),
+)  # fmt: skip
+# The tuner's trials (never read by a plan): programs per SM for the split plan below one token per expert (1 measured
+# 5-7% faster than 2 at GLM-5 B = 8-16; 4 lets a tile of half the registers keep more warps in flight), and the
+# targets ``tune --splits-only`` tries at each decode step beside the default.
+SPLIT_TRIALS = (1, 4)
+STEP_SPLIT_TRIALS = (1, 3, 4, 6, 8)
 # The stream-K programs per SM the tuner tries for gemm1 below one token per expert (``split_candidates``; a config
-# stores the winner as ``stream``). H200, GLM-5 (bench/README.md, run 28): 2 per SM 0.94-0.95x the op at EP8 B = 16
-# (16x128x256 tiles, of which 2 stay resident per SM), 3 per SM 0.93x at EP8 B = 4 (16x64x128, 3 resident); 2-40%
-# slower at the other sizes measured.
+# stores the winner as ``stream``): 0.93-0.95x the op at GLM-5 EP8 B = 4 and 16, 2-40% slower at the other sizes.
 STREAM_TRIALS = (2, 3)
-# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 256): in the
-# H200 tune of run 31 the 2-stage Gluon gemm1 won the buckets of B = 128 and 256 too (0.94x and 0.98x the 16x128x256
-# Triton tile at EP8, 0.96-0.97x at TP8; bench/README.md); above it the tuner times the leading Triton gemm1 tile in
-# Gluon instead (``w4a16_gluon.prefill_forms``, run 34).
+# The Gluon kernels (``w4a16_gluon``) are tuner candidates up to this many tokens per expert (GLM-5 B <= 256); above it
+# the tuner times the leading Triton gemm1 tile in Gluon instead (``w4a16_gluon.prefill_forms``).
 GLUON_MAX_BUCKET = 8
-# Up to this many tokens per expert (GLM-5 decode, B <= 256), where the GEMMs stream their weights, an offline pick
-# keeps resident by shared memory the programs an SM each GEMM's grid is sized for (``resident_aim``).
+# Up to this many tokens per expert, where the GEMMs stream their weights, an offline pick keeps resident by shared
+# memory the programs an SM each GEMM's grid is sized for (``resident_aim``).
 RESIDENT_AIM_MAX_BUCKET = 8
-# Tokens per expert of the routing (lowest, highest; None: never) for which the op runs as two chains, each over part of
-# the local experts (``INTERLEAVED_TOKENS_PER_EXPERT``: every other active expert, or a half), on two CUDA streams
-# (``expert_groups``): each chain's routing, gemm1 and gemm2 beside the other's, so that one chain's launch ramps, tails
-# and waits overlap the other's work; one top-k sum adds both. Only where gemm2 walks one N tile a program: elsewhere (I
-# short, GLM-5 TP8) its programs already wait for their own block's h alone (``awaits_blocks``). H100, GLM-5 at real
-# routing, seeds 43 / 67, against one chain on the same inputs (bench/README.md, run 48): EP8 B = 4, 6, 8, 10, 12, 14,
-# 16 0.968 / 0.948, 0.940 / 0.933, 0.932 / 0.913, 0.973 / 0.976, 0.935 / 0.932, 0.933 / 0.927, 0.930 / 0.919x the op, B
-# = 5 0.960 / 1.014x (B = 7, 9, 11, 13, 15 not timed); B = 1-3 1.00-1.06x, B = 32, 64, 128, 256 1.022, 0.996, 1.085,
-# 1.081x; TP8 0.957-0.975x at B = 4, 8 and 10, 1.005-1.146x at B = 5, 6, 12, 14 and 16.
-TWO_CHAINS_TOKENS_PER_EXPERT: tuple[float, float] | None = (1 / 8, 1 / 2)
-# Chains in that span: CHAINS of them, each over a CHAINS-th of the local experts (an equal group, or every CHAINS-th
-# active expert), the first on the caller's stream and the others on streams of their own. With CHAIN_SM_SHARE each
-# chain's grids are sized for its share of the SMs (the chains side by side on parts of the GPU) rather than for the
-# whole GPU (the chains filling each other's gaps). H200, GLM-5 EP8 at real routing, seed 43, against one chain on the
-# same inputs (bench/README.md, run 49): two chains on SM shares 0.964 / 0.930 / 0.920x at B = 4 / 8 / 16, on the whole
-# GPU 0.995 / 0.958 / 0.949x, four chains on SM shares 0.966 / 0.925 / 0.915x, four on the whole GPU 1.04-1.46x; B = 2
-# (outside the span) 1.06x on SM shares.
-CHAINS = 2
-CHAIN_SM_SHARE = True
-# Which experts a chain takes: up to this many tokens per expert every CHAINS-th expert of those the step's ids touch
-# (counted on the GPU by each chain's routing launch, so the chains share the active experts out evenly whichever they
-# are; the weights whole), above it contiguous groups (the halves: its weights a slice, its ids shifted); 0: always the
-# halves, inf: always interleaved. At GLM-5 EP8 B = 8 (about 7 of 32 experts active, uniform routing) the busier half
-# holds 4.5 experts on average, an even share 3.8 (a count; B = 4: 2.6 against 2.2, B = 16: 7.5 against 6.6). Timed
-# against the halves, round-robin from CUDA graphs (bench/README.md, run 50), interleaved over one chain's time / the
-# halves': H200 seed 43 B = 4 0.924 / 0.963, B = 8 0.913 / 0.922, B = 12 0.974 / 0.968, B = 16 0.922 / 0.915; H100 seeds
-# 43, 67 B = 4 0.915 / 0.958, 0.913 / 0.947, B = 8 0.904 / 0.916, 0.904 / 0.911, B = 16 0.937 / 0.923, 0.931 / 0.924:
-# the gain where few experts are active (when one chain ends its SMs take the other's programs, so an uneven split costs
-# less than its expert count), a loss at B = 16.
-INTERLEAVED_TOKENS_PER_EXPERT = 1 / 4
-# Chains also where gemm2 walks several N tiles a program (GLM-5 TP8), each chain with its own ready counters: for
-# the experiments (run 48 measured two chains there at 0.96-1.15x the op, whole GPU each).
-CHAINS_MULTI_TILE_GEMM2 = False
-# Whether eager calls (no CUDA-graph capture) run the chains on every call; False: only on the first call of each
-# shape on a device (which loads their kernels for a later capture), one chain with the same K splits after that
-# (``w4a16._eager_plan``). An eager call is its host's time: at GLM-5 EP8 B = 8 the chains took an H100 host 0.53-0.68
-# ms a call against 0.27-0.40 ms for one chain at other sizes (bench/README.md, runs 51-52), for a few microseconds
-# of GPU time. The chains' own tests and the A/B experiments (``bench/exp/decode_cases.compare_variants``) set it.
-EAGER_CHAINS = False
 
 
 @functools.cache
@@ -170,22 +190,23 @@ class Launch:
 def plan_launch(
     k_size: int, cfg: GemmConfig, n_programs: int, blocks_bound: int, blocks_expected: float, sms: int,
     split: bool = True, whole_grid_within: float = 0.0, like: Launch | None = None,
+    programs_per_sm: int = PROGRAMS_PER_SM,
 ) -> Launch:  # fmt: skip
     """The grid of one GEMM. K splits (if ``split``): ``like``'s when given, else ``cfg.split_k`` when set, else as
     many as it takes for the expected blocks times ``n_programs`` (N tiles or tile groups) to make
-    ``cfg.programs_per_sm`` (PROGRAMS_PER_SM when 0) per SM.
+    ``cfg.programs_per_sm`` (``programs_per_sm`` when 0) per SM.
 
     Block programs: twice the expected blocks (and two more), at most the bound, so that a skewed
     routing costs a second pass of a few programs rather than a launch sized for the worst case. But when
     the bound is at most ``whole_grid_within`` times the expected blocks, a program per possible block (no
     block loop, which costs the GEMMs 40-80 registers a thread), the block axis last in the grid of a split
-    launch, so that the idle programs launch after the working ones (``WHOLE_GRID_WITHIN``).
+    launch, so that the idle programs launch after the working ones (``PlanSettings.whole_grid_within``).
     """
     if like is not None and split:
         splits, per_split = like.splits, like.k_per_split
     else:
         work = max(1.0, blocks_expected) * n_programs
-        want = (cfg.split_k or math.ceil((cfg.programs_per_sm or PROGRAMS_PER_SM) * sms / work)) if split else 1
+        want = (cfg.split_k or math.ceil((cfg.programs_per_sm or programs_per_sm) * sms / work)) if split else 1
         splits, per_split = k_splits(k_size, cfg.block_k, want)
     programs = min(blocks_bound, math.ceil(2 * blocks_expected) + 2)
     if programs < blocks_bound <= whole_grid_within * max(1.0, blocks_expected):
@@ -202,12 +223,13 @@ class GemmPlan(NamedTuple):
 
 def plan_gemms(
     cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int, sms: int,
-    like: GemmPlan | None = None,
+    like: GemmPlan | None = None, settings: PlanSettings | None = None,
 ) -> GemmPlan:  # fmt: skip
     """The grids of both GEMMs of one call, from sizes known on the host (no sync). ``like``: a plan of the same call
     whose K splits and gemm2's N tiles a program both GEMMs keep, and then no stream-K schedule (a chain's grids, sized
     for its share of the experts and SMs, with one chain's splits: each output summed in the same order, so the same
-    bits)."""
+    bits). ``settings``: default ``default_settings()``."""
+    settings = settings or default_settings()
 
     def blocks(gemm: GemmConfig) -> tuple[int, float]:
         bound = num_blocks_bound(num_pairs, num_experts, gemm.block_m)
@@ -215,15 +237,17 @@ def plan_gemms(
 
     blocks1, blocks2 = blocks(cfg.gemm1), blocks(cfg.gemm2)
     tiles1 = cdiv(inter, cfg.gemm1.block_n)
-    within = WHOLE_GRID_WITHIN if num_pairs <= WHOLE_GRID_PAIRS_PER_EXPERT * num_global_experts else 0.0
+    whole = num_pairs <= settings.whole_grid_pairs_per_expert * num_global_experts
+    within = settings.whole_grid_within if whole else 0.0
+    aim = settings.programs_per_sm
     launch1 = plan_launch(hidden, cfg.gemm1, tiles1, *blocks1, sms, whole_grid_within=within,
-                          like=like and like.gemm1)  # fmt: skip
+                          like=like and like.gemm1, programs_per_sm=aim)  # fmt: skip
     steps = cdiv(hidden, cfg.gemm1.block_k)
     stream = cfg.gemm1.stream * sms
     if (
         stream
         and like is None
-        and num_pairs <= STREAM_PAIRS_PER_EXPERT * num_global_experts
+        and num_pairs <= settings.stream_pairs_per_expert * num_global_experts
         and stream_fits(stream, blocks1[0] * tiles1 * steps)
     ):
         launch1 = Launch(blocks1[0], 1, steps * cfg.gemm1.block_k, stream=stream)  # else the planned grid
@@ -233,37 +257,46 @@ def plan_gemms(
     else:
         per_program = gemm2_tiles_per_program(inter, cfg.gemm2)
         least = 2 if cfg.gemm2.one_k_step else 1  # a one-step tile runs only with several N tiles a program
-        while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < MULTI_TILE_PROGRAMS_PER_SM * sms:
+        aim2 = settings.multi_tile_programs_per_sm * sms
+        while per_program > least and blocks2[1] * cdiv(tiles2, per_program) < aim2:
             per_program //= 2  # few blocks: keep the programs that fill the GPU
     launch2 = plan_launch(inter, cfg.gemm2, cdiv(tiles2, per_program), *blocks2, sms, split=per_program == 1,
-                          whole_grid_within=within, like=like and like.gemm2)  # fmt: skip
+                          whole_grid_within=within, like=like and like.gemm2, programs_per_sm=aim)  # fmt: skip
     counters = blocks1[0] * tiles1 if launch1.splits > 1 or launch1.stream else 0
     return GemmPlan(launch1, launch2, per_program, counters)
 
 
-def awaits_blocks(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
+def awaits_blocks(
+    cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool,
+    settings: PlanSettings | None = None,
+) -> bool:  # fmt: skip
     """Whether gemm2's programs wait for their routing block's h alone (per-block ready counters that gemm1 fills)
-    rather than for the whole of gemm1: below ``AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT``, where gemm2 is a ``dependent``
-    launch (PDL; or the interpreter, which runs the same kernels in order) walking several N tiles a program (a few
-    programs a block, each with a long chain to start), both GEMMs on one routing (the same block_m) and gemm1 on a
-    planned grid (not stream-K)."""
+    rather than for the whole of gemm1: below ``settings.await_blocks_below_tokens_per_expert``, where gemm2 is a
+    ``dependent`` launch (PDL; or the interpreter, which runs the same kernels in order) walking several N tiles a
+    program (a few programs a block, each with a long chain to start), both GEMMs on one routing (the same block_m)
+    and gemm1 on a planned grid (not stream-K)."""
     return (
         dependent
-        and num_pairs < AWAIT_BLOCKS_BELOW_TOKENS_PER_EXPERT * num_global_experts
+        and num_pairs < (settings or default_settings()).await_blocks_below_tokens_per_expert * num_global_experts
         and plan.per_program > 1
         and cfg.gemm1.block_m == cfg.gemm2.block_m
         and not plan.gemm1.stream
     )
 
 
-def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool) -> bool:
-    """Whether gemm2's programs fill gemm1's last wave (``TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT``): from one token per
-    expert up to that many, where gemm2 is a ``dependent`` launch (PDL; or the interpreter, which runs the same kernels
-    in order), both GEMMs on one routing (the same block_m), unsplit, and gemm1 on a planned grid (not stream-K). The
-    op then launches with PDL, both grids with the block axis last, and gemm2 waiting for each block's ready counter."""
+def overlaps_tail(
+    cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_experts: int, dependent: bool,
+    settings: PlanSettings | None = None,
+) -> bool:  # fmt: skip
+    """Whether gemm2's programs fill gemm1's last wave: from one token per expert up to
+    ``settings.tail_overlap_max_tokens_per_expert``, where gemm2 is a ``dependent`` launch (PDL; or the interpreter,
+    which runs the same kernels in order), both GEMMs on one routing (the same block_m), unsplit, and gemm1 on a planned
+    grid (not stream-K). The op then launches with PDL, both grids with the block axis last, and gemm2 waiting for each
+    block's ready counter."""
+    most = (settings or default_settings()).tail_overlap_max_tokens_per_expert * num_global_experts
     return (
         dependent
-        and num_global_experts <= num_pairs <= TAIL_OVERLAP_MAX_TOKENS_PER_EXPERT * num_global_experts
+        and num_global_experts <= num_pairs <= most
         and cfg.gemm1.block_m == cfg.gemm2.block_m
         and plan.gemm1.splits == 1
         and plan.gemm2.splits == 1
@@ -272,32 +305,35 @@ def overlaps_tail(cfg: MoeConfig, plan: GemmPlan, num_pairs: int, num_global_exp
 
 
 def expert_groups(
-    num_pairs: int, num_experts: int, num_global_experts: int, one_launch_routing: bool, gemm2_tiles_a_program: int
-) -> int:
-    """1, or ``CHAINS`` where the op runs as that many chains, each over a CHAINS-th of the local experts (an equal
-    group, or every CHAINS-th active expert: ``interleaves``), by ``TWO_CHAINS_TOKENS_PER_EXPERT`` and
-    ``SGLANG_GLM5_TWO_CHAINS``: an expert count that CHAINS divides, a routing of one launch (below
-    ``routing.CHUNKED_ROUTE_PAIRS`` pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``; any, with
-    ``CHAINS_MULTI_TILE_GEMM2``). Off a GPU (the interpreter) the op runs the chains one after the other."""
-    span = TWO_CHAINS_TOKENS_PER_EXPERT
-    if span is None or CHAINS < 2 or num_experts % CHAINS or not one_launch_routing:
+    num_pairs: int, num_experts: int, num_global_experts: int, one_launch_routing: bool, gemm2_tiles_a_program: int,
+    settings: PlanSettings | None = None,
+) -> int:  # fmt: skip
+    """1, or ``settings.chains`` where the op runs as that many chains, each over that share of the local experts (an
+    equal group, or every n-th active expert: ``interleaves``): with ``settings.two_chains``, within
+    ``settings.chains_tokens_per_expert``, for an expert count the chains divide, a routing of one launch (below
+    ``settings.chunked_route_pairs`` pairs) and gemm2 one N tile a program (``gemm2_tiles_per_program``; where it
+    walks several, its programs already wait for their own block's h alone: ``awaits_blocks``). Off a GPU (the
+    interpreter) the op runs the chains one after the other."""
+    settings = settings or default_settings()
+    chains = settings.chains
+    if not settings.two_chains or chains < 2 or num_experts % chains or not one_launch_routing:
         return 1
-    if gemm2_tiles_a_program != 1 and not CHAINS_MULTI_TILE_GEMM2:
+    if gemm2_tiles_a_program != 1:
         return 1
-    if not env.get(env.TWO_CHAINS):
-        return 1
-    return CHAINS if span[0] <= num_pairs / num_global_experts <= span[1] else 1
+    low, high = settings.chains_tokens_per_expert
+    return chains if low <= num_pairs / num_global_experts <= high else 1
 
 
-def interleaves(num_pairs: int, num_global_experts: int) -> bool:
-    """Whether the chains of a call with ``num_pairs`` (token, slot) pairs each take every CHAINS-th active expert
-    rather than a contiguous group (``INTERLEAVED_TOKENS_PER_EXPERT``)."""
-    return num_pairs <= INTERLEAVED_TOKENS_PER_EXPERT * num_global_experts
+def interleaves(num_pairs: int, num_global_experts: int, settings: PlanSettings | None = None) -> bool:
+    """Whether the chains of a call with ``num_pairs`` (token, slot) pairs each take every n-th active expert rather
+    than a contiguous group (``settings.interleaved_tokens_per_expert``)."""
+    return num_pairs <= (settings or default_settings()).interleaved_tokens_per_expert * num_global_experts
 
 
 def chain_sms(sms: int, chains: int) -> int:
-    """The SMs a chain's grids are sized for: all of them, or with ``CHAIN_SM_SHARE`` its share."""
-    return max(1, sms // chains) if CHAIN_SM_SHARE else sms
+    """The SMs a chain's grids are sized for: its share (the chains side by side on parts of the GPU, 0.92-0.96x the
+    op at EP8 B = 4-16 against 0.95-1.00x with each sized for the whole GPU), at least one."""
+    return max(1, sms // chains)
 
 
 def in_tail_order(plan: GemmPlan) -> GemmPlan:
@@ -314,11 +350,9 @@ def stream_fits(programs: int, units: int) -> bool:
 
 # gemm2 tiles in their one-K-step form (``GemmConfig.one_k_step``), which the tuner times beside its leading tiles
 # above ONE_STEP_ABOVE_BUCKET tokens per expert (as search_space's 256-deep 8-warp tiles) where I is one step of them
-# and H makes two N tiles or more:
-# routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves both GEMMs), which the forms
-# that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192 (bench/README.md, runs 35-36): gemm2
-# 128x128x256-w8-s3 746 us and one routing (76 us) against 794 us and two routings (105 us) with 64x256x256-w8-s3;
-# the tuner's pick, 128x128x256-w8-s4-1k (gemm2 0.949 against 0.999 ms), made the op 0.958x.
+# and H makes two N tiles or more: routing blocks of 128 pairs, as gemm1's chunked-prefill tiles (so one routing serves
+# both GEMMs), which the forms that loop over K do not fit on sm_90 at 3 stages. H200, GLM-5 TP8 B = 8192: the tuner's
+# pick, 128x128x256-w8-s4-1k, takes the op to 0.958x its time with 64x256x256-w8-s3 and two routings.
 ONE_STEP_TILES = tuple(GemmConfig(128, n, 256, num_warps=8, num_stages=s, one_k_step=True) for n, s in
                        ((128, 3), (128, 4), (256, 3)))  # fmt: skip
 ONE_STEP_ABOVE_BUCKET = 64
@@ -394,7 +428,7 @@ def k_splits(k_size: int, block_k: int, want: int) -> tuple[int, int]:
 def gemm2_tiles_per_program(inter: int, cfg: GemmConfig) -> int:
     """N tiles per gemm2 program: as many as fit in 8 K steps (one when a tile alone takes 5 or more).
 
-    Measured on the H200 (bench/h200/runs/exp_flat_loop*.json): with I = 256 (GLM-5 TP8: one or two
+    Measured on the H200: with I = 256 (GLM-5 TP8: one or two
     K steps) 4-8 tiles per program made gemm2 5-29% faster; with I = 2048 (EP8: 8-32 steps) one tile
     per program was 1-9% faster than several.
     """
@@ -414,18 +448,20 @@ def resident_aim(kernel: str, cfg: GemmConfig, shape: MoeShape, bucket: Bucket) 
 
 
 def halves(cfg: GemmConfig, per_program: int) -> bool:
-    """Whether gemm2 computes each N tile as two halves (``GEMM2_HALVES``): one tile per program, a tile that can."""
-    return GEMM2_HALVES and per_program == 1 and halvable(cfg)
+    """Whether gemm2 computes each N tile as two halves, one after the other (the decoded weights of one half in
+    registers at a time: sm_90, 16x128x256-w4-s3 147 registers a thread against 228, 3 programs an SM instead of 2):
+    one tile per program, a tile that can."""
+    return per_program == 1 and halvable(cfg)
 
 
 @dataclass(frozen=True)
 class CallPlan:
     """What one call of the W4A16 op launches (``w4a16.run``), decided on the host from its sizes, tiles, device and
-    switches alone, never from tensor values: every call of the same shape gets the same plan (``call_plan``)."""
+    settings alone, never from tensor values: every call of the same shape gets the same plan (``call_plan``)."""
 
-    chains: int  # 1, or CHAINS (``expert_groups``), each over chain_experts of the local experts
+    chains: int  # 1, or PlanSettings.chains (``expert_groups``), each over chain_experts of the local experts
     chain_experts: int
-    interleaved: bool  # each chain takes every CHAINS-th active expert (``interleaves``), else a contiguous group
+    interleaved: bool  # each chain takes every n-th active expert (``interleaves``), else a contiguous group
     gemms: GemmPlan  # each chain's grids (``plan_gemms`` for its share of the experts and the SMs)
     pdl: frozenset[str]  # the launches of PDL_LAUNCHES that use programmatic dependent launch
     ready: int  # per-block ready counters a chain needs: gemm2 waits for its block's h alone; 0: for all of gemm1
@@ -439,43 +475,44 @@ class CallPlan:
 
 def plan_call(
     cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
-    device: torch.device, dtype: torch.dtype, layout: str, sms: int,
+    device: torch.device, dtype: torch.dtype, layout: str, sms: int, settings: PlanSettings | None = None,
 ) -> CallPlan:  # fmt: skip
     """The plan of one call on ``device`` (``sms`` SMs): the rules above, applied in the order the op launches by
     (chains, grids, PDL, the wait for gemm1, the routing's form). With chains, each chain's grids are sized for its
     share of the experts and SMs but keep one chain's K splits, and the plan carries one chain's (``alone``): the
     chains change where the programs run, never the bits. A stream-K gemm1, whose segments follow its program count
     and the blocks in use, keeps one chain."""
-    chains = expert_groups(num_pairs, num_experts, num_global_experts, num_pairs < routing.CHUNKED_ROUTE_PAIRS,
-                           gemm2_tiles_per_program(inter, cfg.gemm2))  # fmt: skip
-    whole = plan_gemms(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, sms)
-    rules = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout)
+    settings = settings or default_settings()
+    chains = expert_groups(num_pairs, num_experts, num_global_experts, num_pairs < settings.chunked_route_pairs,
+                           gemm2_tiles_per_program(inter, cfg.gemm2), settings)  # fmt: skip
+    whole = plan_gemms(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, sms, settings=settings)
+    rules = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, settings)
     alone = _launch_rules(*rules, 1, whole)
     if chains == 1 or whole.gemm1.stream:
         return alone
     share = plan_gemms(cfg, num_pairs, num_experts // chains, num_global_experts, hidden, inter,
-                       chain_sms(sms, chains), like=whole)  # fmt: skip
+                       chain_sms(sms, chains), like=whole, settings=settings)  # fmt: skip
     return dataclasses.replace(_launch_rules(*rules, chains, share), alone=alone)
 
 
 def _launch_rules(
     cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
-    device: torch.device, dtype: torch.dtype, layout: str, chains: int, plan: GemmPlan,
+    device: torch.device, dtype: torch.dtype, layout: str, settings: PlanSettings, chains: int, plan: GemmPlan,
 ) -> CallPlan:  # fmt: skip
     """``plan_call``'s answer for ``chains`` chains on grids ``plan``: PDL, the wait for gemm1, the routing's form."""
     interpret = interpreting()
     chain_experts = num_experts // chains
-    interleaved = chains > 1 and interleaves(num_pairs, num_global_experts)
-    may_pdl = uses_pdl(device)
-    gluon = (w4a16_gluon.applies(device, layout, hidden, cfg.gemm1, dtype),
-             w4a16_gluon.applies(device, layout, inter, cfg.gemm2, dtype))  # fmt: skip
-    tail = not gluon[1] and overlaps_tail(cfg, plan, num_pairs, num_global_experts, may_pdl or interpret)
+    interleaved = chains > 1 and interleaves(num_pairs, num_global_experts, settings)
+    may_pdl = settings.pdl and pdl_runs_on(device)
+    gluon = (w4a16_gluon.applies(device, layout, hidden, cfg.gemm1, dtype, allowed=settings.gluon),
+             w4a16_gluon.applies(device, layout, inter, cfg.gemm2, dtype, allowed=settings.gluon))  # fmt: skip
+    tail = not gluon[1] and overlaps_tail(cfg, plan, num_pairs, num_global_experts, may_pdl or interpret, settings)
     if tail:  # a block's N tiles side by side in both GEMMs
         plan = in_tail_order(plan)
-    below = num_pairs < PDL_BELOW_TOKENS_PER_EXPERT * num_global_experts
+    below = num_pairs < settings.pdl_below_tokens_per_expert * num_global_experts
     pdl = frozenset(PDL_LAUNCHES) if may_pdl and (below or tail) else frozenset()
     awaits = tail or (
-        not gluon[1] and awaits_blocks(cfg, plan, num_pairs, num_global_experts, "gemm2" in pdl or interpret)
+        not gluon[1] and awaits_blocks(cfg, plan, num_pairs, num_global_experts, "gemm2" in pdl or interpret, settings)
     )
     return CallPlan(
         chains=chains,
@@ -485,83 +522,39 @@ def _launch_rules(
         pdl=pdl,
         ready=num_blocks_bound(num_pairs, chain_experts, cfg.gemm1.block_m) if awaits else 0,
         ready_tiles=cdiv(inter, cfg.gemm1.block_n),
-        each_pair=num_pairs <= min(EACH_PAIR_MAX_PAIRS, chain_experts) and not interleaved,
+        each_pair=num_pairs <= min(settings.each_pair_max_pairs, chain_experts) and not interleaved,
         gluon=gluon,
     )
 
 
-# The switches a plan reads (their raw text is part of its memo key) and the modules whose settings and functions it
-# reads (their values are part of it too: tests and experiments change a setting, or replace a rule, between calls).
-PLAN_SWITCHES = (env.PDL.name, env.TWO_CHAINS.name, env.GLUON_GEMM1.name)
-PLAN_MODULES = (__name__, routing.__name__, w4a16_gluon.__name__)
-# Plans remembered per process (a server calls with a few shapes per layer shape; beyond this many, each new shape
-# is planned on every call, as before the memo).
+# Plans remembered per process (a server calls with a few shapes per layer shape; beyond this many, the least recently
+# used are planned again).
 MEMO_PLANS = 4096
-_PLANS: dict[tuple, CallPlan] = {}
-
-
-def _key_names() -> tuple[tuple[dict, str], ...]:
-    """(module namespace, name) of every setting and function of PLAN_MODULES that ``plan_call`` reads, itself or
-    through the functions it calls there: found in their code once, when this module loads (``_KEY_NAMES``); a name
-    read as ``module.NAME`` counts as that module's. The tuner's dicts of tiles, which no plan reads, stay out."""
-    spaces = [vars(sys.modules[m]) for m in PLAN_MODULES]
-    found: dict[tuple[int, str], tuple[dict, str]] = {}
-    todo, done = [plan_call], set()
-    while todo:
-        fn = inspect.unwrap(todo.pop())
-        if id(fn) in done or not hasattr(fn, "__code__"):
-            continue
-        done.add(id(fn))
-        codes, names = [fn.__code__], set()
-        while codes:
-            code = codes.pop()
-            names |= set(code.co_names)
-            codes += [c for c in code.co_consts if inspect.iscode(c)]
-        for name in names:
-            for space in (vars(sys.modules[fn.__module__]), *spaces):
-                if space["__name__"] not in PLAN_MODULES or name not in space:
-                    continue
-                value = space[name]
-                if name.isupper() and not isinstance(value, (dict, list, set)):
-                    found[id(space), name] = (space, name)
-                elif inspect.isroutine(value):
-                    found[id(space), name] = (space, name)
-                    if getattr(inspect.unwrap(value), "__module__", None) in PLAN_MODULES:
-                        todo.append(value)
-    return tuple(found.values())
-
-
-def plan_settings() -> tuple:
-    """What a plan reads beyond its arguments, as it is now: PLAN_SWITCHES' text, and the settings and functions of
-    PLAN_MODULES that ``plan_call`` reads (``_key_names``, found when this module loads, before a test or an experiment
-    can replace a function)."""
-    return tuple(os.environ.get(name) for name in PLAN_SWITCHES) + tuple(space[n] for space, n in _KEY_NAMES)
 
 
 def call_plan(
     cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
-    device: torch.device, dtype: torch.dtype, layout: str,
+    device: torch.device, dtype: torch.dtype, layout: str, settings: PlanSettings | None = None,
 ) -> CallPlan:  # fmt: skip
-    """``plan_call`` for a call on ``device``, remembered per distinct call: the key holds what the rules read (the
-    arguments, the interpreter switch, the device's index and SM count, ``plan_settings``); a device's architecture is
-    its index's. Working the rules out took tens of microseconds of each eager call's host time (bench/README.md, run
-    52)."""
+    """``plan_call`` for a call on ``device`` with ``settings`` (default ``default_settings()``), remembered per
+    distinct call: the key is what the plan is a function of (the arguments, the interpreter switch, the device's
+    index and SM count; a device's architecture is its index's). Working the rules out takes tens of microseconds of
+    an eager call's host time."""
     interpret = interpreting()
     index = None
     if device.type == "cuda" and not interpret:
         index = device.index if device.index is not None else torch.cuda.current_device()
-    sms = sm_count(index)
-    key = (cfg, num_pairs, num_experts, num_global_experts, hidden, inter, interpret, index, sms, dtype, layout,
-           plan_settings())  # fmt: skip
-    try:
-        plan = _PLANS.get(key)
-    except TypeError:  # a setting changed to a value that keys no dict (a list, say): planned, not remembered
-        return plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms)
-    if plan is None:
-        plan = plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms)
-        if len(_PLANS) < MEMO_PLANS:
-            _PLANS[key] = plan
-    return plan
+        device = torch.device("cuda", index)
+    return planned(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout,
+                       sm_count(index), settings or default_settings(), interpret)  # fmt: skip
 
 
-_KEY_NAMES = _key_names()
+@functools.lru_cache(maxsize=MEMO_PLANS)
+def planned(
+    cfg: MoeConfig, num_pairs: int, num_experts: int, num_global_experts: int, hidden: int, inter: int,
+    device: torch.device, dtype: torch.dtype, layout: str, sms: int, settings: PlanSettings, interpret: bool,
+) -> CallPlan:  # fmt: skip
+    """``plan_call``, memoized on its arguments and the interpreter switch (``interpret``, which the rules read):
+    ``call_plan``'s memo."""
+    return plan_call(cfg, num_pairs, num_experts, num_global_experts, hidden, inter, device, dtype, layout, sms,
+                     settings)  # fmt: skip
