@@ -298,6 +298,8 @@ def shipped_comparison(target, picked: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sglang_glm5 import variants  # the path vocabulary (no torch)
+
     parser = _Parser(
         prog="sglang-glm5", description="SM120-aware NVFP4 MoE kernels for serving GLM-5-NVFP4 with SGLang."
     )
@@ -321,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument(
-        "--path", choices=("w4a16", "w4a4", "dense"), default="w4a16",
+        "--path", choices=variants.NAMES, default="w4a16",
         help=f"which kernels to check: {PATH_HELP}. With w4a4 (SM12x GPUs only, exit 2 elsewhere) the W4A4 op "
         "and the W4A16 op both run against the float64 reference (W4A4 within the error bound its NVFP4 "
         "activations imply). It records nothing: `tune --path w4a4` runs the same check before it lets "
@@ -358,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--marlin-lib", default=".peers/build/glm5_marlin_peer.so",
                    help="the Marlin peer's library (default .peers/build/glm5_marlin_peer.so)")  # fmt: skip
     p.add_argument(
-        "--path", choices=("auto", "w4a16", "dense"), default="auto",
+        "--path", choices=tuple(p for p in variants.PATHS if p != "w4a4"), default="auto",
         help="the op's path= (default auto; w4a16 or dense pin one family). The layers here have no checkpoint "
         "input scales, so W4A4 never runs: `tune --path w4a4` times it against W4A16 on an SM12x GPU",
     )  # fmt: skip
@@ -411,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cache), which reports per GEMM how many candidates its shared memory rules out; the picks stay the same",
     )  # fmt: skip
     p.add_argument(
-        "--path", choices=("w4a16", "w4a4"), default="w4a16",
+        "--path", choices=tuple(n for n in variants.NAMES if n != "dense"), default="w4a16",
         help=f"which kernels to tune: {PATH_HELP.split('; dense')[0]}. With w4a4 the target must be SM12x "
         "(exit 2 otherwise); on such a local GPU it benchmarks the W4A4 tiles, measures the threshold (the "
         "smallest tokens per expert from which W4A4 beats W4A16) and checks W4A4 with its tiles against the "

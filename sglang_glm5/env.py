@@ -17,6 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# The op's path names, one vocabulary for the op (``moe.fused_moe(path=)``), the kernel families (``variants.NAMES``),
+# the plugin's switch (``MOE_PATH``), ``w4a4_select.resolve_path`` and the CLI's ``--path``; each takes those that it
+# serves. "auto" picks among the families by GPU and size.
+AUTO = "auto"
+PATHS = (AUTO, "w4a16", "w4a4", "dense")
 PREFIX = "SGLANG_GLM5_"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -102,13 +107,14 @@ CACHE_DIR = Switch(
     "compiles (`aot_shared.json`)",
     _text,
 )  # fmt: skip
+SERVED_PATHS = tuple(p for p in PATHS if p != "dense")  # the paths the plugin may ask the op for
 MOE_PATH = Switch(
-    "SGLANG_GLM5_MOE_PATH", "auto \\| w4a16 \\| w4a4", "auto",
+    "SGLANG_GLM5_MOE_PATH", " \\| ".join(SERVED_PATHS), "auto",
     "the path the SGLang plugin asks the op for: `auto` takes W4A4 only on an SM12x GPU where `tune --path w4a4` "
     "passed its check against float64, from the threshold it measured, and dense prefill on sm_90 / sm_100 from "
     "`SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS`; `w4a16` the W4A16 kernels only; `w4a4` forces W4A4 (SM12x only, "
     "checked when weights load)",
-    _choice("auto", "w4a16", "w4a4"),
+    _choice(*SERVED_PATHS),
 )  # fmt: skip
 DENSE_PREFILL_MIN_TOKENS = Switch(
     "SGLANG_GLM5_DENSE_PREFILL_MIN_TOKENS", "tokens per expert (>= 0, `inf` allowed)", 384.0,

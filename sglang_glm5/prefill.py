@@ -27,8 +27,7 @@ from sglang_glm5._ints import cdiv
 ENV_MIN_TOKENS = env.DENSE_PREFILL_MIN_TOKENS.name
 # Tokens per expert from which this path serves the call: on an H200 the W4A16 kernels were faster at 256 (GLM-5
 # B = 8192: 2.36-2.45 against 2.73-2.85 ms EP8, 3.01-3.07 against 3.27-3.29 TP8) and this path at 512 (B = 16384:
-# 3.93-4.09 against 4.54 EP8, 5.06-5.15 against 6.25 TP8); 384 lies between the two measured sizes
-# (bench/README.md, run 24).
+# 3.93-4.09 against 4.54 EP8, 5.06-5.15 against 6.25 TP8); 384 lies between the two measured sizes.
 DEFAULT_MIN_TOKENS = int(env.DENSE_PREFILL_MIN_TOKENS.default)
 
 

@@ -27,11 +27,12 @@ import math
 
 import torch
 
-from sglang_glm5 import env, hardware
+from sglang_glm5 import env, hardware, variants
 
 log = logging.getLogger("sglang_glm5.w4a4")
 
-PATHS = ("auto", "w4a16", "w4a4")
+# The paths ``resolve_path`` takes: whether W4A4 serves a call (dense prefill is the op's choice after it, by size).
+PATHS = tuple(p for p in variants.PATHS if p != "dense")
 
 
 def min_tokens_from_env() -> float | None:

@@ -15,6 +15,7 @@ so the lists shrink as the code is fixed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,3 +176,164 @@ def test_the_reader_catches_a_cycle_and_a_private_import(tmp_path):
     assert find_cycle(graph) in (["sglang_glm5.a", "sglang_glm5.b", "sglang_glm5.a"],
                                  ["sglang_glm5.b", "sglang_glm5.a", "sglang_glm5.b"])  # fmt: skip
     assert private == {("sglang_glm5.a", "sglang_glm5.b", "_hidden"), ("sglang_glm5.b", "sglang_glm5.a", "_x")}
+
+
+# Module-level settings: public UPPER_CASE names of the package's modules. None is assigned from outside its module at
+# run time (``module.NAME = ...``, ``setattr(module, "NAME", ...)``, ``monkeypatch.setattr(module, "NAME", ...)``): a
+# tunable is data passed down (``variants.w4a16_plan.PlanSettings``), never a global that tests or scripts change.
+SETTING = re.compile(r"^[A-Z][A-Z0-9_]*$")
+SCANNED = ("sglang_glm5", "kernels", "patches", "loadtest", "tests", "bench", "scripts", "tools")
+
+# (file, module, name) assigned from outside today, with the reason. Empty: a new assignment fails.
+KNOWN_SETTING_ASSIGNMENTS: set[tuple[str, str, str]] = {
+    # a test of the retries sets the backoff to a millisecond: ``accuracy`` should take it as an argument
+    ("tests/test_accuracy.py", "sglang_glm5.loadtest.accuracy", "RETRY_BACKOFF_S"),
+    # a test adds a hook whose target moved to the plugin's list: ``apply`` should take the hooks as an argument
+    ("tests/test_plugin.py", "sglang_glm5.patches.nvfp4_moe", "HOOKS"),
+}
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _module_of(expr: ast.expr, bound: dict[str, str], mods: dict[str, Path]) -> str | None:
+    """The package module ``expr`` names (through the names the file bound by its imports), or None."""
+    name = _dotted(expr)
+    if name is None:
+        return None
+    head, _, rest = name.partition(".")
+    full = ".".join([bound[head], rest]) if head in bound and rest else bound.get(head, name)
+    return full if full in mods else None
+
+
+def setting_assignments(root: Path = ROOT) -> set[tuple[str, str, str]]:
+    """(file, module, NAME) for each assignment of a package module's setting outside that module."""
+    mods = package_modules(root)
+    found = set()
+    for folder in SCANNED:
+        for path in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else []:
+            try:
+                tree = ast.parse(path.read_text(), filename=str(path))
+            except SyntaxError:
+                continue
+            rel = str(path.relative_to(root))
+            own = next((m for m, p in mods.items() if p == path), None)
+            bound: dict[str, str] = {}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name in mods and alias.asname:
+                            bound[alias.asname] = alias.name
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    for alias in node.names:
+                        if f"{node.module}.{alias.name}" in mods:
+                            bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+            for node in ast.walk(tree):
+                targets = []
+                if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and SETTING.match(target.attr):
+                        module = _module_of(target.value, bound, mods)
+                        if module is not None and module != own:
+                            found.add((rel, module, target.attr))
+                if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Name) and node.func.id == "setattr")
+                    or (isinstance(node.func, ast.Attribute) and node.func.attr == "setattr")
+                ):
+                    args = node.args
+                    if len(args) >= 2 and isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
+                        module = _module_of(args[0], bound, mods)
+                        if module is not None and module != own and SETTING.match(args[1].value):
+                            found.add((rel, module, args[1].value))
+                    elif args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+                        module, _, name = args[0].value.rpartition(".")  # monkeypatch.setattr("pkg.mod.NAME", v)
+                        if module in mods and SETTING.match(name):
+                            found.add((rel, module, name))
+    return found
+
+
+SETTINGS_ASSIGNED = setting_assignments()
+
+
+def test_no_module_setting_is_assigned_from_outside_its_module():
+    new = sorted(SETTINGS_ASSIGNED - KNOWN_SETTING_ASSIGNMENTS)
+    assert not new, "module settings assigned from outside (pass a settings object instead): " + ", ".join(
+        f"{file} sets {module}.{name}" for file, module, name in new
+    )
+
+
+def test_every_known_setting_assignment_is_still_there():
+    stale = sorted(KNOWN_SETTING_ASSIGNMENTS - SETTINGS_ASSIGNED)
+    assert not stale, f"stale KNOWN_SETTING_ASSIGNMENTS entries (remove them): {stale}"
+
+
+def test_the_scan_catches_each_form_of_assignment(tmp_path):
+    """The check above can fail: each form of an assignment from outside, and a module's own assignment left alone."""
+    pkg = tmp_path / "sglang_glm5"
+    (pkg / "variants").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "variants" / "__init__.py").write_text("")
+    (pkg / "variants" / "plan.py").write_text("CHAINS = 2\n\ndef f():\n    global CHAINS\n    CHAINS = 3\n")
+    (pkg / "user.py").write_text("from sglang_glm5.variants import plan\nplan.CHAINS = 4\n")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_x.py").write_text(
+        "import sglang_glm5.variants.plan as p\nfrom sglang_glm5 import variants\n"
+        "def test(monkeypatch):\n"
+        "    monkeypatch.setattr(p, 'CHAINS', 1)\n    setattr(variants.plan, 'SPAN', None)\n"
+        "    monkeypatch.setattr('sglang_glm5.variants.plan.EAGER', True)\n    p.cache_ = {}\n"
+        "    monkeypatch.setattr(p, '_PRIVATE_CACHE', {})\n"
+    )
+    assert setting_assignments(tmp_path) == {
+        ("sglang_glm5/user.py", "sglang_glm5.variants.plan", "CHAINS"),
+        ("tests/test_x.py", "sglang_glm5.variants.plan", "CHAINS"),
+        ("tests/test_x.py", "sglang_glm5.variants.plan", "SPAN"),
+        ("tests/test_x.py", "sglang_glm5.variants.plan", "EAGER"),
+    }
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def arrows_back_up(graph: dict[str, set[str]], layer: str = "sglang_glm5.variants") -> list[tuple[str, str]]:
+    """(a module of ``layer``, a module outside it that it imports) where the latter imports ``layer`` itself,
+    directly or through others: the kernel families sit below the modules that pick among them (``moe``,
+    ``autotune``, ``cli``), which pass down what a family needs."""
+    inside = {m for m in graph if m == layer or m.startswith(layer + ".")}
+    return sorted(
+        (module, above) for module in inside for above in graph[module] - inside if _reaches(graph, above) & inside
+    )
+
+
+def test_no_arrow_back_up_from_the_kernel_families():
+    assert not arrows_back_up(GRAPH), "a variants module imports a module that imports variants"
+
+
+def test_the_layer_check_catches_an_arrow_back_up():
+    graph = {
+        "sglang_glm5.variants": set(),
+        "sglang_glm5.variants.w4a16": {"sglang_glm5.autotune"},
+        "sglang_glm5.autotune": {"sglang_glm5.variants", "sglang_glm5.tiles"},
+        "sglang_glm5.tiles": set(),
+    }
+    assert arrows_back_up(graph) == [("sglang_glm5.variants.w4a16", "sglang_glm5.autotune")]
+    graph["sglang_glm5.variants.w4a16"] = {"sglang_glm5.tiles"}
+    assert arrows_back_up(graph) == []

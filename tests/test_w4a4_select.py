@@ -163,14 +163,19 @@ def test_auto_never_w4a4_off_sm12x_even_with_a_threshold(fake_gpu):
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 
 
-def test_a_threshold_of_another_gpu_or_kernel_revision_does_not_count(fake_gpu, monkeypatch):
+def test_a_threshold_of_another_gpu_or_kernel_revision_does_not_count(fake_gpu):
     fake_gpu()
     server = TARGETS["rtx-pro-6000-server"]
     w4a4.store_threshold(autotune.user_cache_path(server), server, SHAPE, 1, {1: (1.0, 0.5)}, checked=CHECKED)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"  # measured on another kind of GPU
     _tuned(1)
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a4"
-    monkeypatch.setattr(family, "KERNEL_REVISION", family.KERNEL_REVISION + 1)  # a new W4A4 kernel design
+    path = autotune.user_cache_path(SM120)  # the same threshold, stored under the W4A4 kernels' revision before
+    data = json.loads(path.read_text())
+    now = f"|w4a4.r{family.KERNEL_REVISION}|"
+    data["w4a4_threshold"] = {k.replace(now, f"|w4a4.r{family.KERNEL_REVISION - 1}|"): v
+                              for k, v in data["w4a4_threshold"].items()}  # fmt: skip
+    path.write_text(json.dumps(data))
     w4a4_select.clear_memo()
     assert resolve_path("auto", CUDA, 1e6, SHAPE, **SCALES) == "w4a16"
 

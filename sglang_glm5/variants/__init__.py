@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from sglang_glm5.env import AUTO, PATHS
 from sglang_glm5.hardware import GpuTarget
 from sglang_glm5.tiles import GemmConfig, MoeConfig
 
-NAMES = ("w4a16", "w4a4", "dense")
+NAMES = tuple(p for p in PATHS if p != AUTO)  # the kernel families, each a module here
 Bucket = int | Fraction
 # How a family's ``compiled_shared_bytes`` verdict starts, instead of a size, for a tile that compiles and may fit but
 # whose compiled decode would compute wrong values (W4A16: a register's two words from two scale blocks,

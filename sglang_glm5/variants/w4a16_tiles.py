@@ -66,10 +66,10 @@ def heuristic_config(tokens_per_expert: float) -> MoeConfig:
 
     Up to 8 tokens per expert (GLM-5 decode up to B = 256) 256-deep K steps: the tuner's pick at every such bucket on
     the H200 and the H100, and the whole op at GLM-5 B = 32-256 with 16 x 64 x 256 (3 stages) in both GEMMs took
-    0.73-0.91x its time with 16 x 64 x 128 on the H200 at real routing (2 stages: 0.83-0.98x; bench/README.md, run 46).
+    0.73-0.91x its time with 16 x 64 x 128 on the H200 at real routing (2 stages: 0.83-0.98x).
     On an SM120 the 3-stage gemm1 tile holds one program an SM by shared memory (100 KB an SM), so an offline pick
     (``w4a16_plan.resident_aim``) and the shipped rtx-pro-6000 entries take the 2-stage one there. Above that, from a
-    sweep of 24-34 configs per size on one H200 (bench/h200/sweep_r2.log, balanced routing, earlier kernels): block_k
+    sweep of 24-34 configs per size on one H200 (balanced routing, earlier kernels): block_k
     128 with 3 stages, at 256 and 2048 tokens per expert 64 x 128 x 64. Larger tiles that won at m=64 (64 x 128 x
     256) are left to the tuner: they do not fit SM120's 101376 B. Every config here does (compiled ahead of time for
     sm_120 in tests/test_tiles.py).
@@ -90,11 +90,10 @@ def search_space(bucket) -> list[GemmConfig]:
 
     block_n is the weight rows per program, the tensor cores' M: 64 per 4 warps (one Hopper
     warpgroup), so 8 warps only with block_n 128, and from 64 tokens per expert up 256 on 8 warps (EP8 gemm2
-    128x256x64-w8-s3 was 7% faster than the best 128-row tile at 256 tokens per expert, bench/README.md run 24).
-    From the H200 sweep (bench/h200/sweep_r2.log):
+    128x256x64-w8-s3 was 7% faster than the best 128-row tile at 256 tokens per expert). From an H200 sweep:
     block_k 512 never won and 2 stages rarely did with every expert busy. Below one token per expert
     (decode: few experts active, split K, a few K steps per program) 2 stages are candidates too: at
-    GLM-5 TP8 m=1/32, 16x64x256-w4-s2 came within 2% of the winning gemm1 tile (bench/h200/runs/run15_*).
+    GLM-5 TP8 m=1/32, 16x64x256-w4-s2 came within 2% of the winning gemm1 tile.
     """
     if bucket < 1:
         space = itertools.product((16,), (64, 128), (128, 256), (2, 3, 4), (4, 8))
