@@ -414,7 +414,7 @@ def test_stream_only_where_a_config_asks_and_up_to_its_pair_limit():
     assert plan.gemm1 == w4a16_plan.Launch(plan.gemm1.block_programs, 1, 6144, stream=264)
     assert plan.counters == plan.gemm1.block_programs * 2048 // _stream_config(2).gemm1.block_n
     assert plan.gemm2 == w4a16_plan.plan_gemms(w4a16_tiles.heuristic_config(1), 8, 32, 256, 6144, 2048, 132).gemm2
-    many = w4a16_plan.STREAM_PAIRS_PER_EXPERT * 256 + 8  # past the sizes where it was measured: the planned grid
+    many = int(SHIPPED.stream_pairs_per_expert) * 256 + 8  # past the sizes where it was measured: the planned grid
     assert w4a16_plan.plan_gemms(_stream_config(2), many, 32, 256, 6144, 2048, 132).gemm1.stream == 0
     # programs x units past int32 (the kernel's unit arithmetic): the planned grid rather than a failed call
     wide = MoeConfig(GemmConfig(16, 16, 64, 4, 3, stream=8), w4a16_tiles.heuristic_config(1).gemm2)
