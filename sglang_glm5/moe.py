@@ -109,6 +109,8 @@ def fused_moe(
     if check_ids:
         check_ids_in_range(topk_ids, num_experts)
     check_options(config, num_global_experts, num_experts)
+    if settings is not None and not isinstance(settings, w4a16_plan.PlanSettings):
+        raise TypeError(f"settings: expected w4a16_plan.PlanSettings or None, got {type(settings).__name__}")
     tokens_per_expert = num_tokens * top_k / (num_global_experts or num_experts)
     if path not in PATHS:
         raise ValueError(f"path: expected one of {', '.join(repr(p) for p in PATHS)}, got {path!r}")

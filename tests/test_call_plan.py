@@ -80,6 +80,14 @@ def test_settings_refuse_what_no_plan_can_take(changes, match):
         dataclasses.replace(SHIPPED, **changes)
 
 
+def test_the_op_refuses_settings_of_another_type(gen):
+    layer = random_layer(2, 64, 32, gen)
+    w, ids = random_routing(1, 2, 1, gen)
+    weights = Nvfp4MoeWeights.build(*layer.args())
+    with pytest.raises(TypeError, match="settings: expected w4a16_plan.PlanSettings or None, got dict"):
+        fused_moe(torch.randn(1, 64, generator=gen).bfloat16(), weights, w, ids, settings={"chains": 2})
+
+
 def test_the_sm_count_is_part_of_the_key(monkeypatch):
     # B = 1 splits K to fill the SMs: an H200's 132 ask for more splits than the interpreter's eight
     eight = plan(1)
