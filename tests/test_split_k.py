@@ -265,9 +265,9 @@ def test_each_pair_routing_gives_a_block_per_valid_pair(gen, device):
 
 @pytest.mark.parametrize("num_tokens, idle", [(1, 0), (2, 0), (4, 1), (2, 2)])
 def test_each_pair_routing_gives_the_sorted_routings_bits(num_tokens, idle, gen, device, monkeypatch):
-    # At most EACH_PAIR_MAX_PAIRS pairs the op routes each pair to a block of its own (no sort); a pair's row is the
-    # same sums either way. Four tokens over three active experts share experts across tokens; idle tokens have no
-    # local slot (their rows are 0), and with (2, 2) no pair is valid at all.
+    # At most PlanSettings.each_pair_max_pairs pairs the op routes each pair to a block of its own (no sort); a pair's
+    # row is the same sums either way. Four tokens over three active experts share experts across tokens; idle tokens
+    # have no local slot (their rows are 0), and with (2, 2) no pair is valid at all.
     case = Case(num_tokens, active=3, num_experts=16, idle=idle)
     assert num_tokens * case.top_k <= min(SHIPPED.each_pair_max_pairs, case.num_experts)
     _, _, _, _, want, args = _inputs(case, gen, device)

@@ -156,7 +156,7 @@ def test_the_op_interleaves_below_the_shipped_threshold_and_takes_halves_above(
 
 @pytest.mark.parametrize("chains", [2, 4])
 def test_interleaved_chains_in_turn_match_the_reference_and_one_chain(chains, gen, device, monkeypatch):
-    # Each chain over every n-th active expert (``INTERLEAVED_TOKENS_PER_EXPERT`` at or above the call's size): the
+    # Each chain over every n-th active expert (``interleaved_tokens_per_expert`` at or above the call's size): the
     # whole weights, no group slices, active experts 1, 2 and 6 of 8 (so that halves would give the first half two and
     # the second one), remote slots.
     layer, x, w, ids, args, kwargs = _three_tokens(gen, device)

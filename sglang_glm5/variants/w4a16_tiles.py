@@ -228,7 +228,7 @@ def _compile(kernel: str, cfg: GemmConfig, arch: int, form: dict[str, bool] | No
 def _compiled_shared(kernel: str, cfg: GemmConfig, arch: int) -> int | str:
     """Shared memory of the kernel as it may run: the largest over its ``FORMS``; or, where a form's decode would
     take two words of one register from two scale blocks (``w4a16_pairs``), why the tile cannot run ("decode: ...")."""
-    # the halves' form for the tiles that can take it, whatever GEMM2_HALVES says now (the sizes are memoized); the
+    # the halves' form for the tiles that can take it (a launch may also run them whole: ``w4a16.launch_gemm2``); the
     # stream-K form for a config that asks for it (tests/test_tiles.py: it takes the tile's shared memory)
     forms = [f for f in FORMS[kernel]
              if (not f.get("HALVES") or halvable(cfg)) and (cfg.stream or not f.get("STREAM"))]  # fmt: skip
