@@ -10,9 +10,12 @@ import shutil
 import tempfile
 
 import pytest
+import tiers
 import torch
 
 from sglang_glm5 import env
+
+_COLLECTED = pytest.StashKey[list]()
 
 # Set before any module decorates a kernel: triton.jit reads it at decoration time.
 if env.get(env.TEST_DEVICE) == "cpu":
@@ -59,3 +62,30 @@ def sglang_with_plugin():
     assert patches.is_applied(), "load_plugins() did not apply the sglang_glm5 plugin"
     yield prepare_server_args
     plugins._plugins_loaded = saved
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=("fast", "exhaustive", "all"), default="fast",
+                     help="fast (default): every behaviour once; exhaustive: the slower cases tests/tiers.py lists; "
+                          "all: both")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keeps the tier asked for (tests/tiers.py); the ids of every collected test are kept for test_tiers."""
+    config.stash[_COLLECTED] = [item.nodeid for item in items]
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        in_exhaustive = bool(tiers.exhaustive_entries(item.nodeid))
+        (keep if in_exhaustive == (tier == "exhaustive") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture
+def collected_ids(request) -> list[str]:
+    """The ids of every test this session collected, before the tier was chosen."""
+    return request.config.stash[_COLLECTED]
