@@ -5,7 +5,7 @@
 #
 #   bash bench/device_run.sh [STEPS]     # STEPS: comma-separated step names (or the STEPS variable)
 #
-# Steps: tests, selfcheck, bench, sweep, exp, tune, base, profile (below); the Marlin peer and Triton 3.8:
+# Steps: tests, selfcheck, bench, sweep, exp, tune, base, bits, profile (below); the Marlin peer and Triton 3.8:
 #   marlin       build vLLM's Marlin MoE (bench/peers/build_marlin.py, from $VLLM_SRC, default .peers/vllm-marlin:
 #                `build_marlin.py --vllm <vLLM tree> --export .peers/vllm-marlin`) into /tmp/marlin_build (built
 #                once per call; if the build fails, .peers/prebuilt/glm5_marlin_peer.so where carried), then
@@ -145,6 +145,7 @@ if has bench; then
     | tee "$OUT/bench_real.log" || rc=1
   "${LIMIT[@]}" python3 -m sglang_glm5.cli bench --routing balanced --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" \
     --name "$BENCH_NAME" 2>&1 | tee "$OUT/bench.log" || rc=1
+  mark bench
 fi
 if has base && [[ -d "$REPO/.base" ]]; then
   # The same benches (the same routings: BENCH_SEED; BASE_ARGS: more bench_real arguments, e.g. --batch 5,9), our op
@@ -157,6 +158,16 @@ if has base && [[ -d "$REPO/.base" ]]; then
     --skew ${BASE_SKEW:-0} --seed "${BENCH_SEED:-1}" ${BASE_ARGS:-} --json "$OUT/base_real.json" 2>&1 | tee "$OUT/base_real.log" || rc=1
   SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P -m sglang_glm5.cli bench --routing balanced \
     --no-baselines --m "${BENCH_M:-1,4,16,32,64,128,2048}" --out "$OUT" --name base_balanced 2>&1 | tee "$OUT/base_balanced.log" || rc=1
+  mark base
+fi
+if has bits && [[ -d "$REPO/.base" ]]; then
+  # The op's output bits on GLM-5's full layers, the revision in .base/ and then this one (bench/gpu_bits.py)
+  BASE=/tmp/pkg_base; [[ -d $BASE ]] || cp -r "$REPO/.base" "$BASE"
+  [ -f "$BASE/sglang_glm5/bench_real.py" ] || cp "$PKG/sglang_glm5/bench_real.py" "$BASE/sglang_glm5/"
+  SGLANG_GLM5_CACHE_DIR=/tmp/cache_base PYTHONPATH=$BASE python3 -P bench/gpu_bits.py "$OUT/bits_base.json" \
+    2>&1 | tail -5 || rc=1
+  python3 -P bench/gpu_bits.py "$OUT/bits_head.json" --against "$OUT/bits_base.json" 2>&1 | tee "$OUT/bits.log" || rc=1
+  mark bits
 fi
 if has profile; then
   # Hardware counters of the two GEMMs at decode size (Firecracker machines; clocks left alone).
