@@ -316,8 +316,8 @@ def shown_command(launch: Launch) -> str:
 
 def add_cli(subparsers) -> None:
     from sglang_glm5.cli import port_number, positive
-
     from sglang_glm5.profiles import profile_help
+
     p = subparsers.add_parser(
         "serve",
         help="start SGLang with a launch profile (--dry-run: print the command)",
