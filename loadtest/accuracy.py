@@ -90,6 +90,7 @@ class Client:
     api_key: str | None
     timeout: float
     retries: int
+    backoff_s: float = RETRY_BACKOFF_S
     down: threading.Event = field(default_factory=threading.Event)
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +99,7 @@ class Client:
         reason = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(min(RETRY_BACKOFF_S * 2 ** (attempt - 1), 4.0))
+                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), 4.0))
             try:
                 status, data = self._send(path, body)
             except TimeoutError:
@@ -327,7 +328,7 @@ def measure(args: argparse.Namespace, side: Side, reference: str | None) -> int:
         raise ValueError(str(e)) from None
     info = server_info(host, api_key)
     model = args.model or served_model(host, api_key) or info.get("model_path") or "default"
-    client = Client(host, api_key, args.request_timeout, args.retries)
+    client = Client(host, api_key, args.request_timeout, args.retries, args.retry_backoff)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     print(f"accuracy {side.tag}: {host}, model {model}; {len(passages)} passages (top-{args.top_logprobs} "
           f"logprobs), {len(problems)} problems, {args.concurrency} at a time", flush=True)  # fmt: skip
@@ -461,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--concurrency, --top-logprobs, --max-tokens, --passages and --problems must be >= 1, --retries >= 0"
         )
+    if not 0 <= args.retry_backoff < float("inf"):
+        raise ValueError(f"--retry-backoff {args.retry_backoff:g}: expected a number of seconds >= 0")
     if not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout {args.request_timeout:g}: expected a positive number of seconds")
     args.host = server_url("--host", args.host)
@@ -533,6 +536,9 @@ def add_cli(sub: argparse._SubParsersAction, cmd: Callable[[argparse.Namespace],
     a.add_argument("--concurrency", type=int, default=16, help="requests in flight (16)")
     a.add_argument("--request-timeout", type=float, default=600.0, help="seconds without data before a request fails")
     a.add_argument("--retries", type=int, default=2, help="retries of a request after a connection error or HTTP 5xx")
+    a.add_argument("--retry-backoff", type=float, default=RETRY_BACKOFF_S, metavar="SECONDS",
+                   help=f"the wait before the first retry, doubling for each next one, at most 4 s "
+                   f"(default {RETRY_BACKOFF_S:g})")
     a.add_argument("--model", default=None, help="model name for chat requests (default: the server's /v1/models)")
     a.add_argument("--api-key", default=None, help=f"Bearer token (default: ${API_KEY_ENV})")
     a.add_argument("--overwrite", action="store_true", help="replace an existing TAG/accuracy/ folder")

@@ -53,21 +53,24 @@ def _all_hooks() -> tuple:
     return (*nvfp4_moe.HOOKS, *layers.HOOKS)
 
 
-def check_targets() -> None:
+def check_targets(with_hooks: tuple | None = None) -> None:
     """Resolve every SGLang symbol the plugin hooks or calls; raises PatchTargetError on the first moved one."""
     from sglang_glm5.patches import backend, hooks, layers, nvfp4_moe
 
-    hooks.check((*backend.SYMBOLS, *nvfp4_moe.SYMBOLS, *layers.SYMBOLS, *(h.target for h in _all_hooks())))
+    targets = (h.target for h in (_all_hooks() if with_hooks is None else with_hooks))
+    hooks.check((*backend.SYMBOLS, *nvfp4_moe.SYMBOLS, *layers.SYMBOLS, *targets))
 
 
-def apply() -> None:
-    """Register the backend and install the hooks. Idempotent; every target is checked first."""
+def apply(with_hooks: tuple | None = None) -> None:
+    """Register the backend and install the hooks (``with_hooks``, default the plugin's own). Idempotent; every
+    target is checked first."""
     global _applied
     from sglang_glm5.patches import backend, hooks
 
-    check_targets()
+    with_hooks = _all_hooks() if with_hooks is None else with_hooks
+    check_targets(with_hooks)
     backend.register()
-    new = hooks.install(_all_hooks())
+    new = hooks.install(with_hooks)
     if not _applied or new:
         logger.info("sglang-glm5: plugin active (--moe-runner-backend %s)", BACKEND_NAME)
     _applied = True

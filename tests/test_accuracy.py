@@ -292,6 +292,7 @@ def test_corpus_that_is_not_text(tmp_path, capsys, content, expected):
     [
         # a zero timeout once failed every request as "connection error ... (expected an SGLang server)"
         ("URL", ["--request-timeout", "0"], "--request-timeout 0: expected a positive number of seconds"),
+        ("URL", ["--retry-backoff", "-1"], "--retry-backoff -1: expected a number of seconds >= 0"),
         ("127.0.0.1:30000", [], "--host 127.0.0.1:30000: expected a URL with its scheme, e.g. http://127.0.0.1:30000"),
         ("URL", ["--baseline-host", "localhost:1"], "--baseline-host localhost:1: expected a URL with its scheme"),
     ],
@@ -344,11 +345,11 @@ def test_servers_with_different_tokenizers_stop_the_run(tmp_path, capsys):
     _nothing_written(tmp_path, "patched")
 
 
-def test_server_dying_mid_run_is_counted_not_passed_off(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(accuracy, "RETRY_BACKOFF_S", 0.001)
+def test_server_dying_mid_run_is_counted_not_passed_off(tmp_path, capsys):
     problems = corpus.generated_problems(60, 0)
     with FakeSGLang(answers=_answers(problems), die_after=25) as server:
-        rc = _accuracy(tmp_path, server.url, "d", "--passages", "10", "--problems", "60", "--concurrency", "4")
+        rc = _accuracy(tmp_path, server.url, "d", "--passages", "10", "--problems", "60", "--concurrency", "4",
+                       "--retry-backoff", "0.001")
     captured = capsys.readouterr()
     assert rc == 1 and "Traceback" not in captured.out + captured.err
     assert "INCOMPLETE" in captured.out
@@ -370,11 +371,11 @@ def test_server_dying_mid_run_is_counted_not_passed_off(tmp_path, capsys, monkey
     assert "patched accuracy run is INCOMPLETE (45 failed requests)" in (out / "report.md").read_text()
 
 
-def test_retries_absorb_transient_errors(tmp_path, monkeypatch):
-    monkeypatch.setattr(accuracy, "RETRY_BACKOFF_S", 0.001)
+def test_retries_absorb_transient_errors(tmp_path):
     problems = corpus.generated_problems(20, 0)
     with FakeSGLang(behaviours=("ok", "500"), answers=_answers(problems)) as server:
-        assert _accuracy(tmp_path, server.url, "r", "--no-kl", "--problems", "20", "--concurrency", "1") == 0
+        assert _accuracy(tmp_path, server.url, "r", "--no-kl", "--problems", "20", "--concurrency", "1",
+                         "--retry-backoff", "0.001") == 0
         assert server.requests == 39  # HTTP 500 on every other request: problems 2-20 needed one retry each
     assert _summary(tmp_path, "r")["tasks"]["correct"] == 20
 

@@ -185,12 +185,7 @@ SETTING = re.compile(r"^[A-Z][A-Z0-9_]*$")
 SCANNED = ("sglang_glm5", "kernels", "patches", "loadtest", "tests", "bench", "scripts", "tools")
 
 # (file, module, name) assigned from outside today, with the reason. Empty: a new assignment fails.
-KNOWN_SETTING_ASSIGNMENTS: set[tuple[str, str, str]] = {
-    # a test of the retries sets the backoff to a millisecond: ``accuracy`` should take it as an argument
-    ("tests/test_accuracy.py", "sglang_glm5.loadtest.accuracy", "RETRY_BACKOFF_S"),
-    # a test adds a hook whose target moved to the plugin's list: ``apply`` should take the hooks as an argument
-    ("tests/test_plugin.py", "sglang_glm5.patches.nvfp4_moe", "HOOKS"),
-}
+KNOWN_SETTING_ASSIGNMENTS: set[tuple[str, str, str]] = set()
 
 
 def _dotted(node: ast.expr) -> str | None:

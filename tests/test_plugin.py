@@ -374,9 +374,9 @@ def test_moved_symbol_is_an_error_naming_it(sg, plugin_on, monkeypatch):
     patches.undo()
     stock = _method_attrs(sg)
     moved = hooks.Symbol(f"{sg.mq.__name__}.ModelOptNvFp4FusedMoEMethod.apply_moved", ("self",))
-    monkeypatch.setattr(nvfp4_moe, "HOOKS", (*nvfp4_moe.HOOKS, hooks.MethodHook(moved, nvfp4_moe.apply_hook)))
+    with_moved = (*nvfp4_moe.HOOKS, hooks.MethodHook(moved, nvfp4_moe.apply_hook))
     with pytest.raises(patches.PatchTargetError, match="ModelOptNvFp4FusedMoEMethod.apply_moved"):
-        patches.apply()
+        patches.apply(with_hooks=with_moved)
     assert _method_attrs(sg) == stock and guard.BACKEND_NAME not in sg.choices.MOE_RUNNER_BACKEND_CHOICES
     monkeypatch.undo()
 
