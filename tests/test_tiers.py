@@ -33,7 +33,6 @@ def test_a_grid_keeps_a_fast_case(collected_ids):
 
 def test_an_entry_matches_ids_with_brackets():
     # fnmatch reads '[' as a character set: the entries spell a literal bracket '[[]'
-    assert tiers.exhaustive_entries("tests/test_split_k.py::test_split_gemms_match_the_unsplit_ones_and_repeat_bit_"
-                                    "for_bit[5]")
-    assert not tiers.exhaustive_entries("tests/test_split_k.py::test_split_gemms_match_the_unsplit_ones_and_repeat_"
-                                        "bit_for_bit[3]")
+    grid = "tests/test_ready_blocks.py::test_gemm1_counts_each_blocks_tiles_and_keeps_its_bits"
+    assert tiers.exhaustive_entries(f"{grid}[1-1-3]")
+    assert not tiers.exhaustive_entries(f"{grid}[1-1-1]")

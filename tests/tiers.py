@@ -44,6 +44,19 @@ EXHAUSTIVE: dict[str, str] = {
     "test_w4a4.py::test_tiles_are_picked_by_tokens_per_global_expert": "W4A4 kernels at four sizes in the interpreter",
     "test_wheel.py::*": "builds and installs a wheel, then two offline tunes; quickstart's tests stay fast",
     "test_first_contact.py::test_a_test_run_leaves_home_untouched": "a pytest run in a subprocess",
+    "test_stock_configs.py::test_stock_sm90_configs_for_these_shapes_on_sm120":
+        "compiles SGLang's own H100/H200 configs for sm_120 (the fixture the sweep above shares)",
+    "test_autotune.py::test_offline_tune_stores_feasible_unmeasured_picks":
+        "a whole offline tune; test_tune_offline_stores_aot_checked_unmeasured_picks_in_the_user_cache (W4A4) and "
+        "quickstart's tile check stay fast",
+    "test_w4a4_select.py::test_tune_on_the_gpu_stores_the_threshold_only_after_the_check_passes[[]True]":
+        "a tune through the interpreter; test_selfcheck_passes_the_interpreted_kernels_and_records_nothing stays fast",
+    "test_accuracy.py::test_run_loadtest_script_reports_accuracy_beside_the_gain":
+        "scripts/run_loadtest.sh end to end against two fake servers; the accuracy tests in process stay fast",
+    "test_split_k.py::test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit[[]3]":
+        "test_op_bits' fast case runs split K (and the chains) against 00e4ba9's bits",
+    "test_two_chains.py::test_eager_calls_run_the_chains_once_then_one_chain":
+        "the eager rule in the interpreter; test_op_bits' fast case hashes a shape's first and second eager call",
     # Grids: one or two cases stay fast
     "test_ready_blocks.py::test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn[[]80-*": GRID,
     "test_ready_blocks.py::test_op_filling_gemm1s_tail_gives_the_bits_of_its_launches_in_turn[[]16-*": GRID,
@@ -53,7 +66,8 @@ EXHAUSTIVE: dict[str, str] = {
     "test_ready_blocks.py::test_gemm1_counts_each_blocks_tiles_and_keeps_its_bits[[]1-1-3]": GRID,
     "test_ready_blocks.py::test_gemm2_waiting_for_its_block_gives_the_plain_bits[[]1-2]": GRID,
     "test_ready_blocks.py::test_gemm2_waiting_for_its_block_gives_the_plain_bits[[]3-1]": GRID,
-    "test_split_k.py::test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit[[]5]": GRID,
+    "test_split_k.py::test_split_gemms_match_the_unsplit_ones_and_repeat_bit_for_bit[[]5]":
+        "test_op_bits' fast case runs split K against 00e4ba9's bits",
     "test_split_k.py::test_each_pair_routing_gives_the_sorted_routings_bits[[]2-2]": GRID,
     "test_split_k.py::test_each_pair_routing_gives_the_sorted_routings_bits[[]4-1]": GRID,
     "test_split_k.py::test_each_pair_routing_gives_the_sorted_routings_bits[[]1-0]": GRID,
@@ -67,11 +81,15 @@ EXHAUSTIVE: dict[str, str] = {
     "test_split_k.py::test_op_with_few_active_experts_matches_float64_reference[[]T6-*": GRID,
     "test_split_k.py::test_op_with_few_active_experts_matches_float64_reference[[]T5-*": GRID,
     "test_split_k.py::test_op_with_few_active_experts_matches_float64_reference[[]T2-*": GRID,
-    "test_two_chains.py::test_interleaved_chains_in_turn_match_the_reference_and_one_chain[[]4]": GRID,
+    "test_two_chains.py::test_interleaved_chains_in_turn_match_the_reference_and_one_chain[[]*":
+        "test_op_bits' fast case runs interleaved chains against 00e4ba9's bits",
+    "test_first_contact.py::test_serve_dry_run_refuses_what_sglang_would_misread_or_refuse[[]an unknown flag]": GRID,
+    "test_first_contact.py::test_serve_dry_run_refuses_what_sglang_would_misread_or_refuse[[]an abbreviation *": GRID,
+    "test_loadtest_e2e.py::test_measures_injected_latency_and_throughput[[]chat]": GRID,
     "test_two_chains.py::test_chains_in_turn_match_the_reference_and_one_chain[[]4-*": GRID,
     "test_two_chains.py::test_the_op_interleaves_below_the_shipped_threshold_and_takes_halves_above[[]64-*": GRID,
     "test_two_chains.py::test_each_call_runs_the_chains_eagerly_once_even_where_plans_are_equal":
-        "test_eager_calls_run_the_chains_once_then_one_chain stays fast",
+        "the eager rule in the interpreter (see test_eager_calls_run_the_chains_once_then_one_chain)",
     "test_tiles.py::test_model_bounds_the_compiler[[]gemm1-*": "the gemm2 case for sm_120 stays fast",
     "test_tiles.py::test_model_bounds_the_compiler[[]gemm2-h200]": "the gemm2 case for sm_120 stays fast",
     "test_tiles.py::test_the_stream_k_form_takes_no_more_shared_memory_than_the_tile[[]h200]":
