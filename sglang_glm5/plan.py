@@ -164,14 +164,13 @@ class Part:
 def weight_parts(m: ModelShape, lay: Layout) -> list[Part]:
     """Weight bytes per GPU, by part (see the module docstring for the splits)."""
     h, i = m.hidden, m.moe_inter
-    attn_replicated, attn_split = _attention_weights(m)
+    attn = attention_weights(m)
     # One routed expert in NVFP4: w13 [2I, H] and w2 [H, I] as packed e2m1 + e4m3 scales per 16.
     expert_packed = (2 * i * h + h * i) // 2 + (2 * i * h + h * i) // NVFP4_GROUP
     experts = m.moe_layers * m.experts * expert_packed // lay.tp
     experts += m.moe_layers * (m.experts // lay.ep * 3 * 4 + m.experts * 3 * 4)  # fp32 scale_2 (local), input scales
-    attention = m.layers * (attn_replicated + attn_split // lay.attn_tp) * BF16
-    fp4_allgather = lay.backend == "flashinfer_cutlass" and lay.attn_dp > 1 and lay.ep == lay.attn_dp
-    shared_div = 1 if fp4_allgather else lay.tp
+    attention = m.layers * (attn.replicated + attn.stored_split // lay.attn_tp) * BF16
+    shared_div = shared_expert_split(lay)
     shared = m.moe_layers * m.shared_experts * 3 * h * i * BF16 // shared_div
     dense = m.dense_layers * 3 * h * m.dense_inter * BF16 // lay.tp
     router = m.moe_layers * (m.experts * h * BF16 + m.experts * 4)
@@ -193,15 +192,43 @@ def weight_parts(m: ModelShape, lay: Layout) -> list[Part]:
     return parts
 
 
-def _attention_weights(m: ModelShape) -> tuple[int, int]:
-    """Weights of one MLA + DSA layer: (replicated on every GPU, split over the attention-TP group)."""
+@dataclass(frozen=True)
+class AttentionWeights:
+    """One MLA + DSA layer's weights, in parameters."""
+
+    a_proj: int  # q_a, kv_a: replicated on every GPU
+    indexer: int  # the DSA indexer's projections: replicated
+    q_b: int  # split over the attention-TP group, like the two below
+    kv_b: int  # kv_b, stored a second time as the absorbed w_kc / w_vc, which decode reads instead
+    o: int
+
+    @property
+    def replicated(self) -> int:
+        return self.a_proj + self.indexer
+
+    @property
+    def stored_split(self) -> int:
+        """The split weights a GPU holds: q_b, kv_b and w_kc / w_vc, o."""
+        return self.q_b + 2 * self.kv_b + self.o
+
+
+def attention_weights(m: ModelShape) -> AttentionWeights:
     h = m.hidden
-    replicated = h * m.q_lora + h * (m.kv_lora + m.qk_rope)  # q_a, kv_a
-    if m.index_head_dim:
-        replicated += m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
-    kv_b = m.kv_lora * m.heads * (m.qk_nope + m.v_head)
-    split = m.q_lora * m.heads * (m.qk_nope + m.qk_rope) + 2 * kv_b + m.heads * m.v_head * h  # q_b, kv_b+w_kc/w_vc, o
-    return replicated, split
+    indexer = m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
+    return AttentionWeights(
+        a_proj=h * m.q_lora + h * (m.kv_lora + m.qk_rope),
+        indexer=indexer if m.index_head_dim else 0,
+        q_b=m.q_lora * m.heads * (m.qk_nope + m.qk_rope),
+        kv_b=m.kv_lora * m.heads * (m.qk_nope + m.v_head),
+        o=m.heads * m.v_head * h,
+    )
+
+
+def shared_expert_split(lay: Layout) -> int:
+    """How many ways the shared expert is split: 1 (replicated) where FlashInfer's CUTLASS backend all-gathers FP4
+    activations under DP attention with ep == attn_dp, else the TP size."""
+    fp4_allgather = lay.backend == "flashinfer_cutlass" and lay.attn_dp > 1 and lay.ep == lay.attn_dp
+    return 1 if fp4_allgather else lay.tp
 
 
 def _layer_norms(m: ModelShape) -> int:
@@ -212,8 +239,8 @@ def mtp_parts(m: ModelShape, lay: Layout) -> list[Part]:
     """The NEXTN draft model per GPU: the MTP layer(s) in BF16 (see the module docstring)."""
     h, i, n = m.hidden, m.moe_inter, lay.draft_layers
     experts = n * m.experts * 3 * h * i * BF16 // lay.tp
-    replicated, split = _attention_weights(m)
-    attention = replicated + split // lay.attn_tp
+    attn = attention_weights(m)
+    attention = attn.replicated + attn.stored_split // lay.attn_tp
     shared = m.shared_experts * 3 * h * i * BF16 // lay.tp
     router = m.experts * h * BF16 + m.experts * 4
     eh_proj = 2 * h * h * BF16  # nn.Linear: every GPU holds it

@@ -23,7 +23,17 @@ import math
 from dataclasses import dataclass
 
 from sglang_glm5.hardware import TARGETS, GpuTarget
-from sglang_glm5.plan import BF16, ModelShape, Plan, collectives, kv_bytes_per_token, load_model_config, make_plan
+from sglang_glm5.plan import (
+    BF16,
+    ModelShape,
+    Plan,
+    attention_weights,
+    collectives,
+    kv_bytes_per_token,
+    load_model_config,
+    make_plan,
+    shared_expert_split,
+)
 from sglang_glm5.profiles import load_profile
 
 REVISION = "step model r1 (sglang-glm5 predict.py)"
@@ -311,16 +321,12 @@ def _moe_pass(plan: Plan, gpu: GpuTarget, opt: Options, tokens: float) -> float:
 def _weights(m: ModelShape, plan: Plan) -> dict[str, float]:
     """Weights per GPU read by one forward, in parameters, by part (the splits of ``plan.weight_parts``)."""
     lay, h = plan.layout, m.hidden
-    heads = m.heads
-    proj = h * m.q_lora + h * (m.kv_lora + m.qk_rope)  # q_a, kv_a: replicated
-    proj += (m.q_lora * heads * (m.qk_nope + m.qk_rope) + m.kv_lora * heads * (m.qk_nope + m.v_head)
-             + heads * m.v_head * h) / lay.attn_tp  # q_b, w_kc + w_vc, o_proj  # fmt: skip
-    indexer = m.q_lora * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads
-    fp4_allgather = lay.backend == "flashinfer_cutlass" and lay.attn_dp > 1 and lay.ep == lay.attn_dp
+    attn = attention_weights(m)
+    proj = attn.a_proj + (attn.q_b + attn.kv_b + attn.o) / lay.attn_tp  # decode reads w_kc / w_vc, not kv_b too
     return {
         "attention projections": m.layers * proj,
-        "indexer": m.layers * indexer,
-        "shared expert": m.moe_layers * m.shared_experts * 3 * h * m.moe_inter / (1 if fp4_allgather else lay.tp),
+        "indexer": m.layers * attn.indexer,
+        "shared expert": m.moe_layers * m.shared_experts * 3 * h * m.moe_inter / shared_expert_split(lay),
         "dense layers": m.dense_layers * 3 * h * m.dense_inter / lay.tp,
         "router": m.moe_layers * m.experts * h,
         "LM head": m.vocab * h / (lay.attn_tp if lay.dp_lm_head else lay.tp),
