@@ -84,3 +84,22 @@ def cache_dir() -> Path:
     from sglang_glm5.env import cache_dir as from_env
 
     return from_env()
+
+
+def check_cache_dir() -> None:
+    """ValueError naming SGLANG_GLM5_CACHE_DIR when the cache folder cannot be made or written (checked before
+    long work that ends in a write there: the tuned tiles, the memoized compiles)."""
+    from sglang_glm5 import env
+
+    folder = cache_dir()
+    where = (f"{env.CACHE_DIR.name}={os.environ[env.CACHE_DIR.name]}" if os.environ.get(env.CACHE_DIR.name, "").strip()
+             else f"the cache folder {folder} ({env.CACHE_DIR.name} unset)")  # fmt: skip
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{where}: a file, not a folder; point {env.CACHE_DIR.name} at a writable folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"{where}: cannot write there ({e.strerror or e}); point {env.CACHE_DIR.name} at a "
+                         "writable folder") from None  # fmt: skip

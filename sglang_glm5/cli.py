@@ -162,7 +162,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sglang_glm5 import autotune, env, tuner, variants
-    from sglang_glm5._files import check_writable
+    from sglang_glm5._files import check_cache_dir, check_writable
     from sglang_glm5.hardware import resolve
     from sglang_glm5.shapes import parse_shape
 
@@ -253,27 +253,6 @@ class _Parser(argparse.ArgumentParser):
             hints = [f"{x} (did you mean {c[0]}?)" if c else x for x, c in zip(extras, close, strict=True)]
             self.error(f"unrecognized arguments: {' '.join(hints)}")
         return namespace, extras
-
-
-def check_cache_dir() -> None:
-    """ValueError naming SGLANG_GLM5_CACHE_DIR when the cache folder cannot be made or written (checked before
-    long work that ends in a write there: the tuned tiles, the memoized compiles)."""
-    import tempfile
-
-    from sglang_glm5 import env
-
-    folder = env.cache_dir()
-    where = (f"{env.CACHE_DIR.name}={os.environ[env.CACHE_DIR.name]}" if os.environ.get(env.CACHE_DIR.name, "").strip()
-             else f"the cache folder {folder} ({env.CACHE_DIR.name} unset)")  # fmt: skip
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{where}: a file, not a folder; point {env.CACHE_DIR.name} at a writable folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ValueError(f"{where}: cannot write there ({e.strerror or e}); point {env.CACHE_DIR.name} at a "
-                         "writable folder") from None  # fmt: skip
 
 
 def shipped_comparison(target, picked: dict) -> str:

@@ -36,7 +36,7 @@ def add_cli(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    from sglang_glm5.cli import check_cache_dir
+    from sglang_glm5._files import check_cache_dir
 
     check_cache_dir()  # one line now rather than a traceback after the compiles
     import torch

@@ -223,12 +223,15 @@ replaces SGLang's own config folder, whose tuned files for other models would th
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from sglang_glm5._files import check_writable
+    from sglang_glm5._files import check_cache_dir, check_writable
     from sglang_glm5.cli import require
+    from sglang_glm5.env import CACHE_DIR
 
     require("sglang", "stock-configs (it compiles SGLang's own fused_moe_kernel)", "sglang")
+    if not args.out:
+        check_cache_dir()  # before the compiles; a problem there names SGLANG_GLM5_CACHE_DIR, not --out
     out = Path(args.out) if args.out else user_dir()
-    check_writable(out, "--out", folder=True)  # before the compiles
+    check_writable(out, "--out" if args.out else CACHE_DIR.name, folder=True)
     written = generate(out)
     print(f"stock-configs: wrote {len(written)} config files (sm_120, <= {LIMIT} B shared, unmeasured) under {out}")
     print(f"stock-configs: SGLang reads them with SGLANG_MOE_CONFIG_DIR={out}")

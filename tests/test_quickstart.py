@@ -154,8 +154,11 @@ def test_doctor_fails_where_a_driver_is_there_but_torch_sees_no_gpu(no_gpu, monk
 # tune offline: one line before any work when the cache folder is unusable; says when its picks are the shipped ones
 
 
+@pytest.mark.parametrize("command", ["tune", "stock-configs"])  # both write to the cache folder by default
 @pytest.mark.parametrize("where", ["a file", "below a file", "/proc"])
-def test_an_unusable_cache_folder_is_one_line_before_any_work(monkeypatch, tmp_path, capsys, where):
+def test_an_unusable_cache_folder_is_one_line_before_any_work(monkeypatch, tmp_path, capsys, where, command):
+    from sglang_glm5 import stock_configs
+
     afile = tmp_path / "afile"
     afile.write_text("x")
     folder = {"a file": afile, "below a file": afile / "sub", "/proc": "/proc/sglang-glm5-nope"}[where]
@@ -163,7 +166,9 @@ def test_an_unusable_cache_folder_is_one_line_before_any_work(monkeypatch, tmp_p
         pytest.skip("no /proc here")
     monkeypatch.setenv("SGLANG_GLM5_CACHE_DIR", str(folder))
     monkeypatch.setattr(tuner, "tune", lambda *a, **k: pytest.fail("tune started work"))
-    assert main(["tune"]) == 2
+    monkeypatch.setattr(stock_configs, "generate", lambda out: pytest.fail("stock-configs started work"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # SGLang "installed"
+    assert main([command]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"SGLANG_GLM5_CACHE_DIR={folder}" in err and "--out" not in err, err
 
