@@ -197,34 +197,14 @@ def align(topk_ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch.T
     return sorted_ids, expert_ids, post_pad
 
 
-def _silu_mul():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def silu_mul_kernel(src, dst, inter, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < inter
-        gate = tl.load(src + row * 2 * inter + cols, mask=mask).to(tl.float32)
-        up = tl.load(src + row * 2 * inter + inter + cols, mask=mask).to(tl.float32)
-        tl.store(dst + row * inter + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(dst.dtype.element_ty), mask=mask)
-
-    return silu_mul_kernel
-
-
-_SILU_MUL = None
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[R, 2I] -> [R, I]: SiLU(gate) * up in fp32, one launch (as vLLM's ``silu_and_mul``)."""
-    global _SILU_MUL
-    if _SILU_MUL is None:
-        _SILU_MUL = _silu_mul()
+    from sglang_glm5.kernels.silu_mul import silu_mul_kernel
+
     rows, two_i = gate_up.shape
     out = torch.empty(rows, two_i // 2, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _SILU_MUL[(rows, -(-(two_i // 2) // block))](gate_up, out, two_i // 2, BLOCK=block)
+    silu_mul_kernel[(rows, -(-(two_i // 2) // block))](src=gate_up, dst=out, inter=two_i // 2, BLOCK=block)
     return out
 
 

@@ -165,3 +165,11 @@ def test_a_row_with_marlin_shows_ours_over_marlin_and_its_range(tmp_path):
     assert "| ep8 | 37 | 40 | 2.20e-03 | 4.70e-03 |" in md and bench_real.HEADER_MARLIN in md
     plain = bench_real.Row("ep8", 0.0, 16, 15.0, 11.8, 0.12, 0.2, 0.08, True, 3e-3)
     assert bench_real.fmt(plain).count("|") == bench_real.HEADER.split("\n")[0].count("|")
+
+
+def test_silu_mul_is_silu_of_the_gate_half_times_the_up_half(gen, device):
+    # 3 rows of I = 1100: a block of 1024 columns and a masked tail
+    gate_up = (torch.randn(3, 2 * 1100, generator=gen) * 4).bfloat16().to(device)
+    got = peers.silu_mul(gate_up).float().cpu()
+    gate, up = gate_up.float().cpu().chunk(2, dim=1)
+    torch.testing.assert_close(got, (torch.nn.functional.silu(gate) * up).bfloat16().float(), rtol=1e-2, atol=1e-2)
