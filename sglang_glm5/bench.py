@@ -227,7 +227,8 @@ def kernel_bencher(shape: MoeShape, seed: int):
     gen.manual_seed(seed)
     layers = rotating_layers(shape, gen)
     sms = w4a16_plan.sm_count(torch.cuda.current_device())
-    pdl = routing.uses_pdl(torch.device("cuda", torch.cuda.current_device()))  # where the op's gemm2 may fill a tail
+    # where the op's gemm2 may fill a tail, decided as the op's plan decides it: its settings and the device
+    pdl = w4a16_plan.default_settings().pdl and routing.pdl_runs_on(torch.device("cuda", torch.cuda.current_device()))
     layout = bench_real.Layout("tune", shape.num_experts, shape.hidden, shape.inter, 0)
     inputs: dict = {}
 
