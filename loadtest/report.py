@@ -102,8 +102,8 @@ def accuracy_gap_commands(acc: dict[str, Any], base: tuple[Path, dict], patched:
                            "--tag", folder.name, "--out", str(folder.parent), *more])  # fmt: skip
 
     if acc["baseline"] is None and acc["patched"] is None and mb.get("host") != mp.get("host"):
-        both = ["--baseline-host", str(mb.get("host", "URL")), "--baseline-tag", base_dir.name]
-        return ["to fill it, with both servers up: " + command(patched_dir, mp, *both)]
+        baseline = ["--baseline-host", str(mb.get("host", "URL")), "--baseline-tag", base_dir.name]
+        return ["to fill it, with both servers up: " + command(patched_dir, mp, *baseline)]
     notes = []
     if acc["baseline"] is None:
         notes.append("to fill it, with the baseline server up: " + command(base_dir, mb))
