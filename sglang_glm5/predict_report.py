@@ -128,13 +128,15 @@ class MoeRow:
         return self.predicted_ms / self.measured_ms - 1
 
 
-MOE_LAYOUTS = {"ep8": (32, 2048), "tp8": (256, 256)}  # local experts, intermediate size: bench_real.LAYOUTS
+MOE_LINE = 0.15  # the largest error `--predict-moe` passes
 
 
 def compare_moe(payload: object, gpu: GpuTarget, max_batch: int = 256) -> tuple[list[MoeRow], int]:
     """Predicted against measured per row of a ``sglang-glm5 bench`` JSON (uniform real routing, B <= max_batch), at
     the experts the row's routings touched (the expectation where the row lacks them); and how many rows were left
     out (skewed routing, larger B, unknown layouts or fields)."""
+    from sglang_glm5.bench_real import GLOBAL_EXPERTS, LAYOUTS, TOP_K  # the layouts the bench rows name
+
     rows = payload.get("rows") if isinstance(payload, dict) else payload
     if not isinstance(rows, list):
         raise ValueError("bench JSON: expected {'rows': [...]} or a list of rows (sglang-glm5 bench --routing real)")
@@ -144,23 +146,23 @@ def compare_moe(payload: object, gpu: GpuTarget, max_batch: int = 256) -> tuple[
             skipped += 1
             continue
         layout, batch, ms, skew = r.get("layout"), r.get("batch"), r.get("ms_ours"), r.get("skew", 0)
-        if layout not in MOE_LAYOUTS or not isinstance(batch, int) or not isinstance(ms, (int, float)) or skew:
+        if layout not in LAYOUTS or not isinstance(batch, int) or not isinstance(ms, (int, float)) or skew:
             skipped += 1
             continue
         if batch > max_batch or ms <= 0:
             skipped += 1
             continue
-        local, inter = MOE_LAYOUTS[layout]
-        touched = touched_mean(batch, local, 256, 8)
+        shape = LAYOUTS[layout]
+        local = shape.num_experts
+        touched = touched_mean(batch, local, GLOBAL_EXPERTS, TOP_K)
         measured = r.get("active_experts")
         measured = float(measured) if isinstance(measured, (int, float)) and measured > 0 else None
         # The row's own routings touched ``measured`` experts: the kernel model is judged on those, not on the
         # expectation's sampling error (16 routings a row).
-        t = ours_layer_time(
-            gpu, layout, batch, measured or touched, 3 * 6144 * inter * NVFP4_BYTES, batch * 8 * local / 256
-        )
-        out.append(MoeRow(layout, batch, touched, measured,
-                          t * 1e3, float(ms)))  # fmt: skip
+        expert_bytes = 3 * shape.hidden * shape.inter * NVFP4_BYTES
+        slots = batch * TOP_K * local / GLOBAL_EXPERTS
+        t = ours_layer_time(gpu, layout, batch, measured or touched, expert_bytes, slots)
+        out.append(MoeRow(layout, batch, touched, measured, t * 1e3, float(ms)))
     return out, skipped
 
 
@@ -171,7 +173,7 @@ def gpu_of(payload: object) -> str | None:
     return next((t.name for t in TARGETS.values() if t.device_name == name), None)
 
 
-def format_moe(rows: list[MoeRow], skipped: int, gpu: GpuTarget, where: str, line: float = 0.15) -> str:
+def format_moe(rows: list[MoeRow], skipped: int, gpu: GpuTarget, where: str, line: float = MOE_LINE) -> str:
     lines = [
         f"MoE layer, predicted ({REVISION}: H200 record at 00e4ba9 scaled to {gpu.name}'s "
         f"{copy_bandwidth(gpu) / 1e12:.2f} TB/s copy bandwidth and {gpu.sm_count} SMs) against {where}:",
@@ -305,7 +307,7 @@ def run(args: argparse.Namespace, plan_run) -> int:
         gpu = TARGETS[name]
         rows, skipped = compare_moe(payload, gpu)
         print(format_moe(rows, skipped, gpu, str(path)))
-        return 0 if rows and all(abs(r.error) <= 0.15 for r in rows) else 1
+        return 0 if rows and all(abs(r.error) <= MOE_LINE for r in rows) else 1
     rc = plan_run(args)
     if rc == 0 and args.predict:
         from sglang_glm5.plan import plan_from_args

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sglang_glm5 import bench_real
 from sglang_glm5 import predict as R
 from sglang_glm5 import predict_report as Rep
 from sglang_glm5.cli import main
@@ -197,7 +198,8 @@ def test_calibration_lines():
 
 def synthetic_bench(gen, gpu) -> tuple[dict, dict]:
     rows, factors = [], {}
-    for layout, (local, inter) in Rep.MOE_LAYOUTS.items():
+    for layout, shape in bench_real.LAYOUTS.items():
+        local, inter = shape.num_experts, shape.inter
         for batch in (1, 3, 16, 256):
             touched = R.touched_mean(batch, local, 256, 8)
             t = R.ours_layer_time(
